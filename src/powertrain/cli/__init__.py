@@ -1,0 +1,46 @@
+"""The ``powertrain`` command line: thin commands over the Python API.
+
+Each command lives in its own module of this package and registers itself on :data:`app`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="powertrain",
+    help=(
+        "Measure, explain and predict the power, performance and thermal behaviour of distributed "
+        "LLM training.\n\n"
+        "Start with `powertrain monitor -- COMMAND` to sample every device of this node while a "
+        "command runs."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+
+def _version(value: bool) -> None:
+    if value:
+        import importlib.metadata
+
+        typer.echo(f"powertrain {importlib.metadata.version('powertrain')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Measure, explain and predict the power, performance and thermal behaviour of LLM training."""
+
+
+# Command modules register themselves on `app` when imported.
+from powertrain.cli import monitor as _monitor  # noqa: E402,F401
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,363 @@
+"""Measure anything: a region of Python code, or a whole command, under the per-node sampler.
+
+::
+
+    with powertrain.Monitor(out="runs/try1") as m:
+        train()
+    print(m.run_dir)
+
+``Monitor`` creates the run directory, starts the sampler process
+(:mod:`powertrain.telemetry.sampler`), and on exit stops it, compacts what it wrote and records in
+``run.json`` how the run ended. :func:`run_command` does the same around a child process (what
+``powertrain monitor -- CMD`` calls), passing its output through to the terminal and into
+``logs/``, forwarding Ctrl-C / SIGTERM once, and returning its exit code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from powertrain.schema import TELEMETRY_FIELDS
+from powertrain.store.rundir import RunDir, default_host, read_json
+from powertrain.store.tables import finalize_run_streams
+from powertrain.telemetry.sampler import DEFAULT_RATE_HZ, clock_info
+
+# Quantities people look for, and the telemetry fields that carry them.
+QUANTITIES: dict[str, tuple[str, ...]] = {
+    "power": ("power_w", "power_avg_w"),
+    "energy": ("energy_j",),
+    "temperature": ("temp_c", "temp_hotspot_c", "temp_mem_c"),
+    "clocks": ("clock_sm_mhz",),
+    "throttle reasons": ("throttle",),
+    "interconnect bytes": ("link_tx_bytes", "pcie_tx_bytes"),
+}
+
+SAMPLER_START_TIMEOUT_S = 60.0
+SAMPLER_STOP_TIMEOUT_S = 15.0
+
+
+class MonitorError(RuntimeError):
+    """The monitor could not start (bad output folder, sampler failed to come up)."""
+
+
+def _iso(t_ns: int | None) -> str | None:
+    if t_ns is None:
+        return None
+    return dt.datetime.fromtimestamp(t_ns / 1e9, tz=dt.UTC).isoformat()
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("powertrain", "torch", "numpy", "pyarrow", "nvidia-ml-py", "amdsmi"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _signal_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Monitor:
+    """Sample this node's devices into a run directory for the duration of a ``with`` block.
+
+    Args:
+        out: the run directory to create (it must not already hold a run).
+        rate_hz: samples per second per device (default 20).
+        backends: ``"auto"`` or a list of ``nvidia``, ``amd``, ``host``.
+        name: a label stored in ``run.json``.
+        command: the command being measured, if any (recorded, not run).
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        rate_hz: float = DEFAULT_RATE_HZ,
+        backends: Sequence[str] | str = "auto",
+        name: str | None = None,
+        command: Sequence[str] | None = None,
+        host: str | None = None,
+        flush_s: float = 1.0,
+    ) -> None:
+        self.run = RunDir(out)
+        self.rate_hz = rate_hz
+        self.backends = backends if isinstance(backends, str) else ",".join(backends)
+        self.name = name or self.run.path.name
+        self.command = list(command) if command else None
+        self.host = host or default_host()
+        self.flush_s = flush_s
+        self.sampler: subprocess.Popen[bytes] | None = None
+        self.sampler_death: str | None = None
+        self.info: dict[str, Any] = {}
+        self._log: IO[bytes] | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> Monitor:
+        if self.run.exists():
+            raise MonitorError(
+                f"{self.run.path} already holds a run (run.json exists); choose a new --out folder "
+                "or delete the old run"
+            )
+        self.run.create()
+        t0 = time.time_ns()
+        self.info = {
+            "schema": "powertrain.run/1",
+            "kind": "monitor",
+            "name": self.name,
+            "status": "running",
+            "reason": None,
+            "command": self.command,
+            "exit_code": None,
+            "start_ns": t0,
+            "start": _iso(t0),
+            "end_ns": None,
+            "end": None,
+            "hosts": [self.host],
+            "owner": {"host": self.host, "pid": os.getpid()},
+            "platform": {"os": platform.platform(), "machine": platform.machine()},
+            "software": _versions(),
+            "clock": {"start": clock_info()},
+            "sampler": {"rate_hz": self.rate_hz, "backends": self.backends},
+        }
+        self.run.write(self.info)
+        self._start_sampler()
+        return self
+
+    def _start_sampler(self) -> None:
+        meta = self.run.telemetry_meta(self.host)
+        meta.unlink(missing_ok=True)
+        self._log = open(self.run.logs_dir / f"sampler-{self.host}.stderr", "ab")  # noqa: SIM115
+        cmd = [
+            sys.executable, "-m", "powertrain.telemetry.sampler", str(self.run.path),
+            "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,
+            "--flush", str(self.flush_s), "--watch-parent",
+        ]
+        # Own process group: a terminal Ctrl-C reaches us, and we stop the sampler in order.
+        self.sampler = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, process_group=0)
+        deadline = time.monotonic() + SAMPLER_START_TIMEOUT_S
+        while not meta.is_file():
+            if self.sampler.poll() is not None:
+                tail = (self.run.logs_dir / f"sampler-{self.host}.stderr").read_text(errors="replace")[-2000:]
+                self._finish("failed", f"telemetry sampler failed to start: {tail.strip()}")
+                raise MonitorError(f"the telemetry sampler failed to start:\n{tail}")
+            if time.monotonic() > deadline:
+                self.sampler.kill()
+                self._finish("failed", "telemetry sampler did not start within 60 s")
+                raise MonitorError("the telemetry sampler did not start within 60 s")
+            time.sleep(0.02)
+
+    def check_sampler(self) -> bool:
+        """True while the sampler runs; records how it died otherwise."""
+        if self.sampler is None:
+            return False
+        code = self.sampler.poll()
+        if code is None:
+            return True
+        if self.sampler_death is None:
+            self.sampler_death = f"telemetry sampler (pid {self.sampler.pid}) {_signal_reason(code)}"
+        return False
+
+    def _stop_sampler(self) -> None:
+        if self.sampler is None:
+            return
+        if self.check_sampler():
+            self.sampler.send_signal(signal.SIGTERM)
+            try:
+                self.sampler.wait(SAMPLER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.sampler.kill()
+                self.sampler.wait()
+                self.sampler_death = "telemetry sampler did not stop within 15 s and was killed"
+        if self._log:
+            self._log.close()
+
+    def stop(self, status: str = "ok", reason: str | None = None, exit_code: int | None = None) -> dict[str, Any]:
+        """Stop sampling and record how the run ended; a dead sampler turns ``ok`` into ``failed``."""
+        self._stop_sampler()
+        if self.sampler_death:
+            last = self._last_sample_note()
+            death = f"{self.sampler_death}; telemetry kept up to {last}"
+            reason = f"{reason}; {death}" if reason else death
+            status = "failed"
+        return self._finish(status, reason, exit_code)
+
+    def _last_sample_note(self) -> str:
+        meta = self.run.telemetry_meta(self.host)
+        try:
+            t_last = read_json(meta).get("t_last_ns")
+        except (OSError, ValueError):
+            t_last = None
+        if t_last is None:
+            from powertrain.store.tables import read_telemetry
+
+            tel = read_telemetry(self.run.path)
+            t_last = tel.column("t_ns")[-1].as_py() if tel.num_rows else None
+        return _iso(t_last) or "the start (no sample was written)"
+
+    def _finish(self, status: str, reason: str | None, exit_code: int | None = None) -> dict[str, Any]:
+        finalize_run_streams(self.run.path)
+        t1 = time.time_ns()
+        self.info.update(status=status, reason=reason, exit_code=exit_code, end_ns=t1, end=_iso(t1))
+        self.info["clock"]["end"] = clock_info()
+        self.info.update(collect_devices(self.run))
+        self.run.write(self.info)
+        return self.info
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.stop("ok")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.stop("failed", "interrupted (KeyboardInterrupt)")
+        else:
+            self.stop("failed", f"{exc_type.__name__}: {exc}")
+
+
+def collect_devices(run: RunDir) -> dict[str, Any]:
+    """Devices, supported fields and what was *not* measured, from every host's sampler meta."""
+    devices: list[dict[str, Any]] = []
+    notes: list[str] = []
+    incidents: list[dict[str, Any]] = []
+    sampler: dict[str, Any] = {}
+    software: dict[str, str] = {}
+    for meta_path in sorted(run.telemetry_dir.glob("*.meta.json")):
+        meta = read_json(meta_path)
+        host = meta.get("host")
+        devices += [{"host": host, **d} for d in meta.get("devices", [])]
+        notes += meta.get("notes", [])
+        incidents += [{"host": host, **i} for i in meta.get("incidents", [])]
+        software.update(meta.get("software", {}))
+        sampler[host] = {k: meta.get(k) for k in (
+            "backends", "rate_hz_requested", "rate_hz_achieved", "samples", "missed_ticks",
+            "t_first_ns", "t_last_ns", "finished", "stop_reason", "clock")}
+    supported = sorted({f for d in devices for f in d.get("supported", [])})
+    gpu_supported = {f for d in devices if d.get("kind") == "gpu" for f in d.get("supported", [])}
+    not_measured = [q for q, fields in QUANTITIES.items() if not gpu_supported.intersection(fields)]
+    if any(d.get("kind") == "cpu" and "energy_j" in d.get("supported", []) for d in devices):
+        not_measured = [q for q in not_measured if q != "energy"]
+    return {
+        "devices": devices,
+        "fields_supported": [f for f in TELEMETRY_FIELDS if f in supported],
+        "not_measured": not_measured,
+        "telemetry_notes": notes,
+        "incidents": incidents,
+        "sampler_hosts": sampler,
+        "device_software": software,
+    }
+
+
+def run_command(
+    argv: Sequence[str],
+    out: str | os.PathLike[str],
+    *,
+    rate_hz: float = DEFAULT_RATE_HZ,
+    backends: Sequence[str] | str = "auto",
+    echo: bool = True,
+) -> tuple[int, dict[str, Any]]:
+    """Run ``argv`` under the sampler; returns (the command's exit code, the final ``run.json``).
+
+    The command's stdout/stderr go to the terminal (when ``echo``) and to ``logs/command.stdout`` /
+    ``logs/command.stderr``. SIGINT and SIGTERM are forwarded once to the command's process group;
+    if it has not exited 10 s later it is killed.
+    """
+    if not argv:
+        raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
+    mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv))
+    mon.start()
+    logs = mon.run.logs_dir
+    try:
+        child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+    except OSError as exc:
+        mon.stop("failed", f"could not start the command: {exc}", exit_code=127)
+        return 127, mon.info
+    pumps = [
+        threading.Thread(target=_pump, args=(child.stdout, logs / "command.stdout",
+                                             sys.stdout.buffer if echo else None), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, logs / "command.stderr",
+                                             sys.stderr.buffer if echo else None), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if not received:
+            received.append(signum)
+            try:
+                os.killpg(child.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        kill_at: float | None = None
+        while True:
+            try:
+                code = child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if mon.sampler_death is None and not mon.check_sampler():
+                # Keep the user's job going; the run is marked failed at the end.
+                print(f"powertrain: {mon.sampler_death}; the command keeps running", file=sys.stderr)
+            if received and kill_at is None:
+                kill_at = time.monotonic() + 10.0
+            if kill_at is not None and time.monotonic() > kill_at:
+                os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    for t in pumps:
+        t.join(timeout=5)
+    if received:
+        status, reason = "failed", f"interrupted ({signal.Signals(received[0]).name}); command {_signal_reason(code)}"
+    elif code != 0:
+        status, reason = "failed", f"command {_signal_reason(code)}"
+    else:
+        status, reason = "ok", None
+    info = mon.stop(status, reason, exit_code=code)
+    return code, info
+
+
+def _pump(src: IO[bytes] | None, dest: Path, echo: IO[bytes] | None) -> None:
+    if src is None:
+        return
+    with open(dest, "ab") as f:
+        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+            f.write(chunk)
+            f.flush()
+            if echo is not None:
+                try:
+                    echo.write(chunk)
+                    echo.flush()
+                except (OSError, ValueError):
+                    echo = None

@@ -1,0 +1,1 @@
+"""Typed, validated descriptions of what to run: model, layout, knobs, hardware, protocol."""

@@ -1,0 +1,79 @@
+"""Parallel layout degrees: the one object that owns dp/tp/pp/cp/ep and how they multiply.
+
+As in torchtitan's ``ParallelDims``, the degrees are validated once here and everything else (the
+trainer's device mesh, the planner, the predictor) asks this object instead of re-deriving them.
+
+World = dp × cp × tp × pp. Expert parallelism is carved out of data parallelism as in Megatron
+(the ``ep`` ranks of an expert group are ``ep`` consecutive data-parallel ranks), so ``ep`` must
+divide ``dp × cp`` and does not multiply the world size. FSDP shards over the data-parallel dimension.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+# "even": layers spread as evenly as possible; "study_uneven": the study's split (even-indexed
+# stages one layer more, odd-indexed one fewer); or an explicit list of layers per (virtual) stage.
+StageSplit = Literal["even", "study_uneven"] | list[int]
+
+
+class Layout(BaseModel):
+    """How a model is spread over ``world`` ranks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dp: int | None = Field(default=None, ge=1, description="data parallel; derived from world if omitted")
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, description="expert parallel, carved out of dp×cp")
+    fsdp: bool = Field(default=False, description="shard parameters/grads/optimizer over dp (FSDP2)")
+    sequence_parallel: bool = Field(default=False, description="shard norms/dropout activations over tp")
+    pp_schedule: PipelineSchedule = "1f1b"
+    virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
+    pp_split: StageSplit = "even"
+
+    def resolve(self, world: int) -> Layout:
+        """This layout with ``dp`` filled in from the world size (raises if it does not divide)."""
+        rest = self.tp * self.pp * self.cp
+        if world % rest:
+            raise ValueError(
+                f"world size {world} is not divisible by tp×pp×cp = {self.tp}×{self.pp}×{self.cp} = {rest}; "
+                f"use a world size that is a multiple of {rest}, or change the degrees"
+            )
+        dp = world // rest
+        if self.dp is not None and self.dp != dp:
+            raise ValueError(
+                f"world size {world} ≠ dp×cp×tp×pp = {self.dp}×{self.cp}×{self.tp}×{self.pp} = "
+                f"{self.dp * rest}; set dp to {dp} or omit it to derive it"
+            )
+        return self.model_copy(update={"dp": dp})
+
+    @property
+    def world(self) -> int:
+        if self.dp is None:
+            raise ValueError("dp is not resolved yet: call resolve(world) first")
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def stages(self) -> int:
+        """Pipeline (virtual) stages in total."""
+        return self.pp * self.virtual_stages
+
+    def label(self) -> str:
+        """Short human label, e.g. ``TP4·PP8`` or ``TP2·EP4·FSDP``."""
+        parts = []
+        for key in ("dp", "tp", "pp", "cp", "ep"):
+            val = getattr(self, key)
+            if key == "dp" or (val and val > 1):
+                parts.append(f"{key.upper()}{val if val is not None else '?'}")
+        if self.virtual_stages > 1:
+            parts.append(f"V{self.virtual_stages}")
+        if self.fsdp:
+            parts.append("FSDP")
+        if self.sequence_parallel:
+            parts.append("SP")
+        return "·".join(parts)

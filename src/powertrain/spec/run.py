@@ -1,0 +1,112 @@
+"""One resolved run configuration: model × layout × knobs × hardware × protocol.
+
+This is the typed, validated description that ``powertrain run``, ``plan``, ``sweep`` and
+``predict`` all take. YAML specs load into it (see :func:`load_run_config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from powertrain.spec.layout import Layout
+from powertrain.spec.model import ModelConfig, get_model
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["fp32", "bf16"]
+
+
+class Overlap(BaseModel):
+    """Communication/computation overlap switches, where PyTorch offers them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fsdp_prefetch: bool = Field(default=True, description="FSDP2 forward/backward prefetch of the next all-gather")
+    fsdp_reshard_after_forward: bool = Field(default=True, description="free gathered params after forward")
+    async_tp: bool = Field(default=False, description="async tensor parallel (micro-pipelined TP) where available")
+    ddp_bucket_mb: float = Field(default=25.0, gt=0, description="DDP gradient bucket size")
+    grad_reduce_in_backward: bool = Field(default=True, description="overlap DP gradient reduction with backward")
+
+
+class Knobs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    micro_batch: int = Field(default=1, ge=1, description="samples per micro-batch per data-parallel rank")
+    global_batch: int = Field(default=8, ge=1, description="samples per optimizer step, all ranks")
+    recompute: Recompute = "none"
+    overlap: Overlap = Overlap()
+    precision: Precision = "fp32"
+    power_limit_w: float | None = Field(default=None, gt=0)
+    seed: int = 0
+    lr: float = Field(default=1e-3, gt=0)
+
+
+class Hardware(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: int = Field(default=1, ge=1)
+    devices_per_node: int = Field(default=1, ge=1, description="ranks per node")
+    device: str = Field(default="cpu", description="device type name from the hardware catalog, or cpu")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+class Protocol(BaseModel):
+    """DESIGN.md's measurement protocol."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warmup_steps: int = Field(default=2, ge=0)
+    measured_steps: int = Field(default=5, ge=1)
+    min_measured_s: float = Field(default=0.0, ge=0, description="measured window lasts at least this long")
+    repeats: int = Field(default=1, ge=1)
+    cooldown_s: float = Field(default=0.0, ge=0, description="wait before the run starts")
+    cooldown_until_temp_c: float | None = Field(default=None, description="…or until max device temp ≤ this")
+    idle_baseline_s: float = Field(default=0.0, ge=0)
+
+
+class Data(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["synthetic", "text"] = "synthetic"
+    path: Path | None = Field(default=None, description="plain text file for kind=text (byte-level tokens)")
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "run"
+    model: ModelConfig
+    layout: Layout = Layout()
+    knobs: Knobs = Knobs()
+    hardware: Hardware = Hardware()
+    protocol: Protocol = Protocol()
+    data: Data = Data()
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_by_name(cls, v: Any) -> Any:
+        return get_model(v) if isinstance(v, str) else v
+
+    @property
+    def world(self) -> int:
+        return self.hardware.world
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read a single-run YAML spec (keys as in :class:`RunConfig`)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"spec file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping with keys model, layout, knobs, hardware, protocol")
+    return RunConfig.model_validate(raw)

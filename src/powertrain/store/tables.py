@@ -1,0 +1,145 @@
+"""Crash-safe streaming of rows to Parquet, and the readers that see through it.
+
+A writer appends rows in memory and, every ``flush_s``, rewrites the *current segment*
+``<name>.parts/seg-NNNNNN.parquet`` (write to a temporary file, then rename), so at any moment every
+file on disk is a complete Parquet file and a ``kill -9`` loses at most the rows since the last flush.
+A new segment starts every ``segment_s`` so the rewrite stays small. ``close()`` (or
+:func:`finalize`, for a writer that was killed) compacts the segments into ``<name>.parquet`` and
+removes the part folder. Readers prefer the compacted file and fall back to the segments.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class StreamingTableWriter:
+    """Append rows of a fixed schema to ``<base>.parquet`` crash-safely (see module doc)."""
+
+    def __init__(self, base: Path, schema: pa.Schema, flush_s: float = 1.0, segment_s: float = 15.0) -> None:
+        self.base = Path(base)
+        self.schema = schema
+        self.flush_s = flush_s
+        self.segment_s = segment_s
+        self.parts = self.base.with_name(self.base.name + ".parts")
+        self.parts.mkdir(parents=True, exist_ok=True)
+        existing = sorted(self.parts.glob("seg-*.parquet"))
+        self._seg_index = int(existing[-1].stem.split("-")[1]) + 1 if existing else 0
+        self._seg_batches: list[pa.RecordBatch] = []
+        self._pending: list[Mapping[str, Any]] = []
+        self._seg_started = time.monotonic()
+        self._last_flush = time.monotonic()
+        self.rows_written = 0
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self._pending.extend(rows)
+
+    def maybe_flush(self) -> bool:
+        """Flush if ``flush_s`` has passed since the last flush; returns whether it did."""
+        if time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        self._last_flush = now
+        if self._pending:
+            self._seg_batches.append(pa.RecordBatch.from_pylist(self._pending, schema=self.schema))
+            self.rows_written += len(self._pending)
+            self._pending = []
+            table = pa.Table.from_batches(self._seg_batches, schema=self.schema)
+            _write_atomic(table, self.parts / f"seg-{self._seg_index:06d}.parquet")
+        if self._seg_batches and now - self._seg_started >= self.segment_s:
+            self._seg_index += 1
+            self._seg_batches = []
+            self._seg_started = now
+
+    def close(self) -> Path:
+        self.flush()
+        return finalize(self.base, self.schema)
+
+
+def finalize(base: Path, schema: pa.Schema) -> Path:
+    """Compact ``<base>.parts/`` into ``<base>.parquet`` (idempotent; safe after a crash)."""
+    base = Path(base)
+    final = base.with_name(base.name + ".parquet") if base.suffix != ".parquet" else base
+    parts = final.with_name(final.name.removesuffix(".parquet") + ".parts")
+    if not parts.is_dir():
+        return final
+    tables = [t for t in (_read_readable(p) for p in sorted(parts.glob("seg-*.parquet"))) if t is not None]
+    if final.is_file():  # an earlier finalize ran but died before removing the parts
+        tables.insert(0, pq.read_table(final))
+    table = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables]) if tables else schema.empty_table()
+    _write_atomic(table, final)
+    shutil.rmtree(parts, ignore_errors=True)
+    return final
+
+
+def _read_readable(path: Path) -> pa.Table | None:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowInvalid):
+        return None  # a torn temporary never gets renamed; a torn segment is skipped, not fatal
+
+
+def read_stream(base: Path, schema: pa.Schema) -> pa.Table:
+    """Rows of one stream, whether finalized or still in segments."""
+    final = Path(str(base).removesuffix(".parquet") + ".parquet")
+    parts = final.with_name(final.name.removesuffix(".parquet") + ".parts")
+    tables = []
+    if final.is_file():
+        tables.append(pq.read_table(final))
+    if parts.is_dir():
+        tables += [t for t in (_read_readable(p) for p in sorted(parts.glob("seg-*.parquet"))) if t is not None]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
+
+
+def _streams(folder: Path) -> list[Path]:
+    names = {p.name.removesuffix(".parquet") for p in folder.glob("*.parquet")}
+    names |= {p.name.removesuffix(".parts") for p in folder.glob("*.parts")}
+    return [folder / n for n in sorted(names)]
+
+
+def read_telemetry(run_dir: str | os.PathLike[str]) -> pa.Table:
+    """All telemetry rows of a run (every host), sorted by time then device."""
+    folder = Path(run_dir) / "telemetry"
+    tables = [read_stream(s, TELEMETRY_SCHEMA) for s in _streams(folder)] if folder.is_dir() else []
+    if not tables:
+        return TELEMETRY_SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by([("t_ns", "ascending"), ("host", "ascending"), ("device", "ascending")])
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> pa.Table:
+    """All event rows of a run (every rank), sorted by rank then start time."""
+    folder = Path(run_dir) / "events"
+    tables = [read_stream(s, EVENTS_SCHEMA) for s in _streams(folder)] if folder.is_dir() else []
+    if not tables:
+        return EVENTS_SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by([("rank", "ascending"), ("t_start_ns", "ascending")])
+
+
+def finalize_run_streams(run_dir: str | os.PathLike[str]) -> None:
+    """Compact every unfinished telemetry and events stream of a run (after a crash)."""
+    run_dir = Path(run_dir)
+    for sub, schema in (("telemetry", TELEMETRY_SCHEMA), ("events", EVENTS_SCHEMA)):
+        for parts in sorted((run_dir / sub).glob("*.parts")):
+            finalize(parts.with_name(parts.name.removesuffix(".parts")), schema)

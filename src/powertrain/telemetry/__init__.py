@@ -1,0 +1,1 @@
+"""Per-node telemetry: backends (host, NVIDIA, AMD) behind one interface, and the sampler process."""
