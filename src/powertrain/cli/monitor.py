@@ -16,7 +16,7 @@ from powertrain.monitor import MonitorError, run_command
 from powertrain.store.tables import read_telemetry
 from powertrain.telemetry.quicklook import per_device
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 _UNITS = {"_w": "W", "_c": "°C", "_mhz": "MHz", "_pct": "%", "_bytes": "B", "_1m": ""}
 

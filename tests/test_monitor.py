@@ -1,0 +1,153 @@
+"""`powertrain monitor` and the Monitor API, end to end on this machine (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+import powertrain
+from powertrain.store import RunDir, read_telemetry
+
+BUSY = "import time\nt=time.time()\nwhile time.time()-t<{s}: pass\n"
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "powertrain.cli.__main__", *args],
+                          capture_output=True, text=True, **kw)
+
+
+def _wait_for(cond, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_monitor_busy_loop_acceptance(tmp_path):
+    out = tmp_path / "m"
+    res = _cli("monitor", "--out", str(out), "--", sys.executable, "-c", BUSY.format(s=2.5))
+    assert res.returncode == 0, res.stderr
+    tel = read_telemetry(out)
+    cpu = tel.filter(pc.equal(tel["device"], "cpu"))
+    assert cpu.num_rows >= 40  # 20 Hz default over the command's ~2.5 s
+    util = pc.drop_null(cpu["cpu_util_pct"])
+    assert len(util) >= cpu.num_rows - 1 and pc.max(util).as_py() > 0
+    # No power or temperature sensor here: null, never zero.
+    assert cpu["power_w"].null_count == cpu.num_rows
+    assert cpu["temp_mem_c"].null_count == cpu.num_rows
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "ok" and info["exit_code"] == 0
+    assert info["command"][0] == sys.executable
+    if not any(d["kind"] == "gpu" for d in info["devices"]):
+        assert {"power", "temperature"} <= set(info["not_measured"])
+    assert "cpu_util_pct" in info["fields_supported"]
+    assert info["clock"]["start"]["clock"] == "CLOCK_REALTIME"
+    assert info["devices"] and info["software"]["python"]
+    assert (out / "logs" / "command.stdout").exists()
+    assert "not measured on this host" in res.stderr
+
+
+def test_exit_code_is_passed_through(tmp_path):
+    res = _cli("monitor", "--out", str(tmp_path / "m"), "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert res.returncode == 3
+    info = RunDir(tmp_path / "m").read()
+    assert info["status"] == "failed" and "exited with code 3" in info["reason"]
+
+
+def test_missing_command_and_existing_out_are_clear_errors(tmp_path):
+    res = _cli("monitor", "--out", str(tmp_path / "m"))
+    assert res.returncode == 2 and "no command given" in res.stderr
+    _cli("monitor", "--out", str(tmp_path / "m2"), "--", "true")
+    res = _cli("monitor", "--out", str(tmp_path / "m2"), "--", "true")
+    assert res.returncode == 2 and "already holds a run" in res.stderr
+
+
+def test_kill_9_of_the_command_keeps_telemetry_and_marks_failed(tmp_path):
+    out = tmp_path / "m"
+    pidfile = tmp_path / "pid"
+    script = f"import os,time\nopen({str(pidfile)!r},'w').write(str(os.getpid()))\n" + BUSY.format(s=60)
+    proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out),
+                             "-q", "--", sys.executable, "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(pidfile.exists)
+    time.sleep(2.0)
+    t_kill = time.time_ns()
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == 128 + signal.SIGKILL
+    info = RunDir(out).read()
+    assert info["status"] == "failed" and "SIGKILL" in info["reason"]
+    tel = read_telemetry(out)
+    assert tel.num_rows >= 30
+    assert pc.max(tel["t_ns"]).as_py() >= t_kill - 1_000_000_000
+
+
+def test_kill_9_of_the_sampler_keeps_telemetry_and_marks_failed(tmp_path):
+    out = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out),
+                             "-q", "--", sys.executable, "-c", BUSY.format(s=6)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(lambda: any(out.glob("telemetry/*.meta.json")))
+    meta = next(out.glob("telemetry/*.meta.json"))
+    sampler_pid = json.loads(meta.read_text())["pid"]
+    time.sleep(2.5)
+    t_kill = time.time_ns()
+    os.kill(sampler_pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0  # the user's command was left to finish
+    info = RunDir(out).read()
+    assert info["status"] == "failed"
+    assert "sampler" in info["reason"] and "SIGKILL" in info["reason"] and "kept up to" in info["reason"]
+    tel = read_telemetry(out)
+    assert tel.num_rows >= 20
+    assert pc.max(tel["t_ns"]).as_py() >= t_kill - 1_500_000_000
+    assert not list(out.glob("telemetry/*.parts"))  # compacted by the monitor
+
+
+def test_sigterm_to_monitor_stops_both_cleanly(tmp_path):
+    out = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out),
+                             "-q", "--", sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(lambda: (out / "logs" / "command.stdout").exists())
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    info = RunDir(out).read()
+    assert info["status"] == "failed" and "SIGTERM" in info["reason"]
+    assert read_telemetry(out).num_rows > 0
+    meta = json.loads(next(out.glob("telemetry/*.meta.json")).read_text())
+    assert meta["finished"] is True
+
+
+def test_python_api_context_manager(tmp_path):
+    with powertrain.Monitor(out=tmp_path / "api", rate_hz=50, backends=["host"]) as m:
+        t = time.time()
+        while time.time() - t < 1.0:
+            pass
+    info = RunDir(m.run_dir).read()
+    assert info["status"] == "ok"
+    assert read_telemetry(m.run_dir).num_rows >= 30  # 50 Hz is possible for the host backend
+
+
+def test_python_api_records_an_exception_as_failure(tmp_path):
+    with pytest.raises(ValueError), powertrain.Monitor(out=tmp_path / "api", backends=["host"]):
+        raise ValueError("boom")
+    info = RunDir(tmp_path / "api").read()
+    assert info["status"] == "failed" and "ValueError: boom" in info["reason"]
+
+
+def test_help_teaches():
+    res = _cli("monitor", "--help")
+    assert res.returncode == 0 and "Example" in res.stdout and "--rate" in res.stdout
+    assert Path(powertrain.__file__).exists()
