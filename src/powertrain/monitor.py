@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata
 import os
@@ -312,10 +313,8 @@ def run_command(
     def forward(signum: int, _frame: object) -> None:
         if not received:
             received.append(signum)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
-            except ProcessLookupError:
-                pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -126,9 +126,9 @@ class RunDir:
         info = self.read()
         status = info.get("status", "failed")
         owner = info.get("owner") or {}
-        if status == "running" and owner.get("host") == default_host() and owner.get("pid"):
-            if not _pid_alive(int(owner["pid"])):
-                return "failed"
+        owner_gone = owner.get("host") == default_host() and owner.get("pid") and not _pid_alive(int(owner["pid"]))
+        if status == "running" and owner_gone:
+            return "failed"
         return status
 
 
