@@ -1,0 +1,340 @@
+"""What every importer shares: the error it raises, column building, and writing a run directory.
+
+An importer parses its source files into Arrow tables in memory, then hands them to
+:class:`RunBuilder`, which writes a *standard* run directory (DESIGN.md "Data contracts")::
+
+    <out>/run.json                   kind "import", status "ok", provenance (sources + sha256,
+                                     what was mapped to which column, what was dropped, warnings)
+    <out>/telemetry/<host>.parquet   TELEMETRY_SCHEMA rows, sorted by time then device
+    <out>/telemetry/<host>.meta.json devices and supported fields of that host (as a sampler writes)
+    <out>/events/rank-<r>.parquet    EVENTS_SCHEMA rows
+    <out>/logs/                      empty (the sources stay where they are)
+
+The directory is built in a hidden temporary sibling folder and renamed into place at the very end,
+so a failure at any point (a malformed line, a full disk, Ctrl-C) never leaves a half run directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
+from powertrain.store.rundir import RunDir, write_json_atomic
+
+
+class SourceFormatError(ValueError):
+    """A source file is not what its importer expects; names the file, the line and the problem.
+
+    ``line`` is 1-based (``None`` when the problem is not tied to one line, e.g. an empty file).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {problem}")
+
+
+class ImportWarning_(UserWarning):  # noqa: N801 - a name that does not shadow the builtin ImportWarning
+    """A tolerated quirk of a source (kept data, but the user should know)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Column helpers
+
+
+def _masked(values: Any, typ: pa.DataType) -> pa.Array:
+    """An Arrow array from a list (``None`` = null) or a float ndarray (NaN = null)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(typ)
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        mask = np.isnan(values)
+        if pa.types.is_integer(typ):
+            return pa.array(np.where(mask, 0, values).astype(np.int64), type=typ, mask=mask)
+        return pa.array(values, type=typ, mask=mask)
+    if isinstance(values, np.ndarray):
+        return pa.array(values, type=typ)
+    return pa.array(list(values), type=typ)
+
+
+def telemetry_table(
+    t_ns: Sequence[int] | np.ndarray,
+    host: str | Sequence[str],
+    device: str | Sequence[str],
+    fields: Mapping[str, Any],
+) -> pa.Table:
+    """Build TELEMETRY_SCHEMA rows column-wise; fields not given are null; NaN/None are null."""
+    t = np.asarray(t_ns, dtype=np.int64)
+    n = len(t)
+    unknown = set(fields) - set(TELEMETRY_FIELDS)
+    if unknown:
+        raise ValueError(f"not telemetry fields: {sorted(unknown)}")
+    cols: list[pa.Array] = [pa.array(t, type=pa.int64())]
+    for name, value in (("host", host), ("device", device)):
+        cols.append(pa.array([value] * n, pa.string()) if isinstance(value, str) else _masked(value, pa.string()))
+    for name, typ in TELEMETRY_FIELDS.items():
+        cols.append(_masked(fields[name], typ) if name in fields else pa.nulls(n, typ))
+    return pa.Table.from_arrays(cols, schema=TELEMETRY_SCHEMA)
+
+
+def events_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """EVENTS_SCHEMA rows from dicts (missing keys are null; ``attrs`` dicts become JSON)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        if isinstance(r.get("attrs"), dict):
+            r["attrs"] = json.dumps(r["attrs"], sort_keys=True)
+        out.append(r)
+    return pa.Table.from_pylist(out, schema=EVENTS_SCHEMA) if out else EVENTS_SCHEMA.empty_table()
+
+
+def parse_float(text: str) -> float | None:
+    """A number from a log cell; ``None`` for the ways tools write "unknown"."""
+    s = text.strip()
+    if not s or s.strip("[]").lower() in NULL_WORDS:
+        return None
+    return float(s)
+
+
+NULL_WORDS = frozenset({"n/a", "na", "not supported", "unknown", "null", "none", "nan", "-", "insufficient permissions"})
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_text(path: Path):  # noqa: ANN201 - a text file object
+    """Open a source as text, transparently un-gzipping ``*.gz``."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+def local_zone_name() -> str:
+    """The machine's time zone, as an IANA name where it can be found (else the abbreviation)."""
+    tz = os.environ.get("TZ")
+    if tz:
+        return tz.lstrip(":")
+    try:
+        link = os.readlink("/etc/localtime")
+        if "zoneinfo/" in link:
+            return link.split("zoneinfo/", 1)[1]
+    except OSError:
+        pass
+    try:
+        return Path("/etc/timezone").read_text().strip() or "UTC"
+    except OSError:
+        return time.tzname[0] or "UTC"
+
+
+def resolve_zone(name: str | None) -> tuple[dt.tzinfo, str]:
+    """``(tzinfo, name)`` for ``--tz`` (IANA name, ``UTC`` or ``+HH:MM``); ``None`` = this machine's."""
+    import zoneinfo
+
+    label = name or local_zone_name()
+    if label.upper() in ("UTC", "Z", "GMT"):
+        return dt.UTC, "UTC"
+    if label[:1] in "+-" and ":" in label:
+        sign = 1 if label[0] == "+" else -1
+        hh, mm = label[1:].split(":")
+        return dt.timezone(sign * dt.timedelta(hours=int(hh), minutes=int(mm))), label
+    try:
+        return zoneinfo.ZoneInfo(label), label
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {label!r}: use an IANA name like Europe/Berlin, UTC or +02:00") from exc
+
+
+def iso(t_ns: int | None) -> str | None:
+    if t_ns is None:
+        return None
+    return dt.datetime.fromtimestamp(t_ns / 1e9, tz=dt.UTC).isoformat()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run directory builder
+
+
+@dataclass
+class Source:
+    path: str
+    sha256: str
+    bytes: int
+    role: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes, "role": self.role}
+
+
+@dataclass
+class RunBuilder:
+    """Collects what an importer parsed, then writes one run directory atomically (:meth:`write`)."""
+
+    format: str
+    name: str | None = None
+    sources: list[Source] = field(default_factory=list)
+    mapped: dict[str, str] = field(default_factory=dict)  # source field -> column / event mapping
+    dropped: list[str] = field(default_factory=list)  # what was in the source and not imported, and why
+    warnings: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  # extra run.json fields (summaries, detected events)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    _telemetry: dict[str, list[pa.Table]] = field(default_factory=dict)
+    _events: list[pa.Table] = field(default_factory=list)
+
+    def add_source(self, path: str | os.PathLike[str], role: str = "data") -> Path:
+        p = Path(path)
+        self.sources.append(Source(str(p.resolve()), sha256_of(p), p.stat().st_size, role))
+        return p
+
+    def warn(self, message: str) -> None:
+        """Record a tolerated quirk in run.json and show it as a Python warning."""
+        self.warnings.append(message)
+        warnings.warn(message, ImportWarning_, stacklevel=2)
+
+    def drop(self, what: str) -> None:
+        if what not in self.dropped:
+            self.dropped.append(what)
+
+    def add_telemetry(self, table: pa.Table) -> None:
+        """Add telemetry rows (any hosts); rows are split into one file per host on write."""
+        if table.num_rows == 0:
+            return
+        for host in table.column("host").unique().to_pylist():
+            part = table.filter(pc.equal(table.column("host"), host))
+            self._telemetry.setdefault(host, []).append(part)
+
+    def add_events(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._events.append(table)
+
+    def add_device(self, host: str, device: str, kind: str = "gpu", vendor: str | None = None, **extra: Any) -> None:
+        self.devices.append({"host": host, "device": device, "kind": kind, "vendor": vendor, **extra})
+
+    # -- results ------------------------------------------------------------------------------
+    def telemetry(self) -> pa.Table:
+        tables = [t for ts in self._telemetry.values() for t in ts]
+        return pa.concat_tables(tables) if tables else TELEMETRY_SCHEMA.empty_table()
+
+    def events(self) -> pa.Table:
+        return pa.concat_tables(self._events) if self._events else EVENTS_SCHEMA.empty_table()
+
+    def write(self, out: str | os.PathLike[str]) -> Path:
+        """Write the run directory at ``out`` atomically; refuses to overwrite an existing run."""
+        out = Path(out).absolute()
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise FileExistsError(f"{out} already exists and is not empty: choose a new --out folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.importing-"))
+        try:
+            self._write_into(RunDir(tmp).create(), final_path=out)
+            if out.exists():
+                out.rmdir()  # empty (checked above); rename cannot replace a directory on every OS
+            os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    def _write_into(self, run: RunDir, final_path: Path) -> None:
+        t_min: int | None = None
+        t_max: int | None = None
+        host_devices: dict[str, list[dict[str, Any]]] = {}
+        fields_supported: set[str] = set()
+        for host, tables in sorted(self._telemetry.items()):
+            table = pa.concat_tables(tables).sort_by([("t_ns", "ascending"), ("device", "ascending")])
+            pq.write_table(table, run.telemetry_file(host), compression="zstd")
+            t = table.column("t_ns")
+            lo, hi = pc.min(t).as_py(), pc.max(t).as_py()
+            t_min = lo if t_min is None else min(t_min, lo)
+            t_max = hi if t_max is None else max(t_max, hi)
+            present = [f for f in TELEMETRY_FIELDS if table.column(f).null_count < table.num_rows]
+            fields_supported.update(present)
+            devs = []
+            for dev in sorted(table.column("device").unique().to_pylist()):
+                sub = table.filter(pc.equal(table.column("device"), dev))
+                known = next((d for d in self.devices if d["host"] == host and d["device"] == dev), {})
+                info = {k: v for k, v in known.items() if k != "host"}
+                info.setdefault("device", dev)
+                info.setdefault("kind", "gpu" if dev.startswith("gpu") else dev)
+                info["supported"] = [f for f in present if sub.column(f).null_count < sub.num_rows]
+                info["samples"] = sub.num_rows
+                devs.append(info)
+            host_devices[host] = devs
+            write_json_atomic(run.telemetry_meta(host), {
+                "host": host, "source": f"import:{self.format}", "devices": devs, "notes": [],
+                "samples": table.num_rows, "t_first_ns": lo, "t_last_ns": hi, "finished": True,
+                "incidents": [],
+            })
+        events = self.events()
+        for rank in sorted(set(events.column("rank").to_pylist())) if events.num_rows else []:
+            sub = events.filter(pc.equal(events.column("rank"), rank))
+            sub = sub.sort_by([("t_start_ns", "ascending")])
+            pq.write_table(sub, run.events_file(rank), compression="zstd")
+            lo, hi = pc.min(sub.column("t_start_ns")).as_py(), pc.max(sub.column("t_end_ns")).as_py()
+            t_min = lo if t_min is None else min(t_min, lo)
+            t_max = hi if t_max is None else max(t_max, hi)
+        now = time.time_ns()
+        info: dict[str, Any] = {
+            "schema": "powertrain.run/1",
+            "kind": "import",
+            "name": self.name or final_path.name,
+            "status": "ok",
+            "reason": None,
+            "start_ns": t_min,
+            "start": iso(t_min),
+            "end_ns": t_max,
+            "end": iso(t_max),
+            "hosts": sorted(self._telemetry),
+            "devices": [{"host": h, **d} for h, ds in host_devices.items() for d in ds],
+            "fields_supported": [f for f in TELEMETRY_FIELDS if f in fields_supported],
+            "ranks": sorted(set(events.column("rank").to_pylist())) if events.num_rows else [],
+            "import": {
+                "format": self.format,
+                "imported_ns": now,
+                "imported": iso(now),
+                "sources": [s.to_dict() for s in self.sources],
+                "mapped": self.mapped,
+                "dropped": self.dropped,
+                "warnings": self.warnings,
+                "telemetry_rows": sum(t.num_rows for ts in self._telemetry.values() for t in ts),
+                "event_rows": events.num_rows,
+                "software": _versions(),
+            },
+            "platform": {"os": platform.platform(), "machine": platform.machine()},
+        }
+        info.update(self.info)
+        run.write(info)
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("powertrain", "pyarrow", "numpy"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
