@@ -1,0 +1,281 @@
+"""``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits] -lms N`` logs → telemetry.
+
+The header decides everything: any set of query fields, in any order, with or without units in the
+header (``power.draw [W]``) or in the values (``71.25 W``). Known fields map to telemetry columns
+(:data:`FIELD_MAP`); others are listed as dropped in ``run.json``. ``[N/A]``, ``[Not Supported]``,
+``N/A`` and empty cells are null.
+
+Which GPU a row is: the ``index`` column when present, else ``uuid`` / ``pci.bus_id`` (numbered in
+order of first appearance). Without any of them nvidia-smi still writes one row per GPU per sample in
+GPU order, so row ``i`` is GPU ``i mod N``; ``N`` is inferred from the gaps between samples (rows of
+one sample are milliseconds apart, samples are a period apart) or given with ``gpus=N``.
+
+Timestamps are the local time of the machine that logged them (``YYYY/MM/DD HH:MM:SS.mmm``); the
+zone is an option (``tz``), defaulting to this machine's zone, and is recorded in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from powertrain.importers.common import (
+    NULL_WORDS,
+    RunBuilder,
+    SourceFormatError,
+    open_text,
+    resolve_zone,
+    telemetry_table,
+)
+from powertrain.schema import Throttle
+
+# NVML clock (throttle / "event") reason bits → vendor-neutral Throttle bits.
+NVML_REASONS: dict[int, Throttle] = {
+    0x1: Throttle.IDLE,  # GpuIdle
+    0x2: Throttle.APP_CLOCKS,  # ApplicationsClocksSetting
+    0x4: Throttle.POWER_CAP,  # SwPowerCap
+    0x8: Throttle.HW_SLOWDOWN,  # HwSlowdown
+    0x10: Throttle.SYNC_BOOST,  # SyncBoost
+    0x20: Throttle.THERMAL_SW,  # SwThermalSlowdown
+    0x40: Throttle.THERMAL_HW,  # HwThermalSlowdown
+    0x80: Throttle.POWER_BRAKE,  # HwPowerBrakeSlowdown
+    0x100: Throttle.OTHER,  # DisplayClockSetting
+}
+
+
+def nvml_reasons_to_throttle(mask: int) -> int:
+    """Map an NVML reason mask onto :class:`Throttle` bits; unknown set bits become ``OTHER``."""
+    out = 0
+    rest = mask
+    for bit, flag in NVML_REASONS.items():
+        if mask & bit:
+            out |= flag
+            rest &= ~bit
+    if rest:
+        out |= Throttle.OTHER
+    return int(out)
+
+
+_MIB = 1 << 20
+_BYTES = {"b": 1, "kib": 1 << 10, "mib": _MIB, "gib": 1 << 30, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+
+
+def _num(v: str, header_unit: str) -> float:
+    return float(v.split()[0])
+
+
+def _bytes(v: str, header_unit: str) -> float:
+    parts = v.split()
+    unit = (parts[1] if len(parts) > 1 else header_unit or "MiB").lower()
+    return float(parts[0]) * _BYTES.get(unit, _MIB)
+
+
+def _hexmask(v: str, header_unit: str) -> float:
+    return float(nvml_reasons_to_throttle(int(v.split()[0], 16)))
+
+
+# query field (as in the header, lower case, units stripped) → (column, parser)
+FIELD_MAP: dict[str, tuple[str, Callable[[str, str], float]]] = {
+    "power.draw.instant": ("power_w", _num),
+    "power.draw": ("power_w", _num),  # → power_avg_w when power.draw.instant is also logged
+    "power.draw.average": ("power_avg_w", _num),
+    "enforced.power.limit": ("power_limit_w", _num),
+    "power.limit": ("power_limit_w", _num),  # used only when enforced.power.limit is absent
+    "temperature.gpu": ("temp_c", _num),
+    "temperature.memory": ("temp_mem_c", _num),
+    "clocks.sm": ("clock_sm_mhz", _num),
+    "clocks.current.sm": ("clock_sm_mhz", _num),
+    "clocks.mem": ("clock_mem_mhz", _num),
+    "clocks.current.memory": ("clock_mem_mhz", _num),
+    "utilization.gpu": ("util_pct", _num),
+    "utilization.memory": ("util_mem_pct", _num),
+    "memory.used": ("mem_used_bytes", _bytes),
+    "fan.speed": ("fan_pct", _num),
+    "clocks_throttle_reasons.active": ("throttle", _hexmask),
+    "clocks_event_reasons.active": ("throttle", _hexmask),
+    "clocks_event_reasons": ("throttle", _hexmask),
+}
+ID_FIELDS = ("index", "uuid", "pci.bus_id", "gpu_uuid", "gpu_bus_id")
+INFO_FIELDS = ("name", "serial", "driver_version", "vbios_version", "memory.total", "power.max_limit",
+               "power.default_limit", "clocks.max.sm", "clocks.max.memory")
+
+
+def split_header(cell: str) -> tuple[str, str]:
+    """``' power.draw [W]'`` → ``('power.draw', 'W')``."""
+    cell = cell.strip()
+    if cell.endswith("]") and " [" in cell:
+        name, unit = cell[:-1].split(" [", 1)
+        return name.strip().lower(), unit.strip()
+    return cell.lower(), ""
+
+
+class _Clock:
+    """Local ``YYYY/MM/DD HH:MM:SS(.fff)`` → epoch ns, caching the whole-second part (fast, DST-safe)."""
+
+    def __init__(self, tz: dt.tzinfo) -> None:
+        self.tz = tz
+        self.cache: dict[str, int] = {}
+
+    def __call__(self, s: str) -> int:
+        s = s.strip()
+        head, _, frac = s.partition(".")
+        sec = self.cache.get(head)
+        if sec is None:
+            fmt = "%Y/%m/%d %H:%M:%S" if "/" in head else "%Y-%m-%d %H:%M:%S"
+            sec = int(dt.datetime.strptime(head, fmt).replace(tzinfo=self.tz).timestamp())
+            self.cache[head] = sec
+        ns = int((frac + "000000000")[:9]) if frac else 0
+        return sec * 1_000_000_000 + ns
+
+
+def infer_gpu_count(t_ns: np.ndarray, max_gpus: int = 64) -> int | None:
+    """GPUs per sample from the timing of rows without an index column (see module doc)."""
+    if t_ns.size < 4:
+        return None
+    gaps = np.diff(t_ns)
+    big = gaps > max(20_000_000, 0.25 * np.percentile(gaps, 99))  # > 20 ms and a sizable share of the period
+    cuts = np.flatnonzero(big)
+    if cuts.size < 2:
+        return None
+    sizes = np.diff(cuts)
+    sizes = sizes[(sizes > 0) & (sizes <= max_gpus)]
+    if sizes.size == 0:
+        return None
+    vals, counts = np.unique(sizes, return_counts=True)
+    return int(vals[np.argmax(counts)])
+
+
+def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: int | None = None) -> None:
+    """Parse one nvidia-smi CSV log into ``builder`` as telemetry of ``host``."""
+    with open_text(path) as f:
+        reader = csv.reader(f, skipinitialspace=True)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise SourceFormatError(path, None, "the file is empty") from None
+        names = [split_header(c) for c in header]
+        keys = [n for n, _ in names]
+        if not any(k in FIELD_MAP for k in keys):
+            raise SourceFormatError(path, 1, "no known nvidia-smi query field in the header "
+                                             f"({', '.join(keys[:6])}); was it written with --format=csv "
+                                             "and a header (not noheader)?")
+        has_instant = "power.draw.instant" in keys
+        has_enforced = "enforced.power.limit" in keys
+        plan: list[tuple[int, str, Callable[[str, str], float], str]] = []
+        for i, (k, unit) in enumerate(names):
+            if k in FIELD_MAP:
+                col, fn = FIELD_MAP[k]
+                if k == "power.draw" and has_instant:
+                    col = "power_avg_w"
+                if k == "power.limit" and has_enforced:
+                    builder.drop(f"{k}: enforced.power.limit is used for power_limit_w")
+                    continue
+                if any(c == col for _, c, _, _ in plan):
+                    builder.drop(f"{k}: another field already fills {col}")
+                    continue
+                plan.append((i, col, fn, unit))
+                builder.mapped[f"{k}{' [' + unit + ']' if unit else ''}"] = col
+            elif k not in ID_FIELDS and k != "timestamp" and k not in INFO_FIELDS:
+                builder.drop(f"{k}: no telemetry column for it")
+        ts_i = keys.index("timestamp") if "timestamp" in keys else None
+        if ts_i is None:
+            raise SourceFormatError(path, 1, "no timestamp column: add `timestamp` to --query-gpu")
+        id_i = next((keys.index(k) for k in ID_FIELDS if k in keys), None)
+        info_i = {k: keys.index(k) for k in INFO_FIELDS if k in keys}
+        ncol = len(keys)
+        clock = _Clock(tz)
+        t: list[int] = []
+        ids: list[str] = []
+        cols: dict[str, list[float | None]] = {c: [] for _, c, _, _ in plan}
+        infos: dict[str, dict[str, str]] = {}
+        for lineno, row in enumerate(reader, 2):
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) != ncol:
+                if row[0].strip().lower().startswith("timestamp"):
+                    continue  # a repeated header (nvidia-smi restarted into the same file)
+                raise SourceFormatError(path, lineno, f"expected {ncol} comma-separated values like the header, "
+                                                      f"found {len(row)}")
+            try:
+                t.append(clock(row[ts_i]))
+            except ValueError:
+                raise SourceFormatError(path, lineno, f"timestamp {row[ts_i]!r} is not YYYY/MM/DD HH:MM:SS.fff") from None
+            for i, col, fn, unit in plan:
+                cell = row[i].strip()
+                if not cell or cell.strip("[]").lower() in NULL_WORDS:
+                    cols[col].append(None)
+                    continue
+                try:
+                    cols[col].append(fn(cell, unit))
+                except (ValueError, IndexError):
+                    raise SourceFormatError(path, lineno, f"{keys[i]} value {cell!r} is not a number") from None
+            if id_i is not None:
+                ident = row[id_i].strip()
+                ids.append(ident)
+                if ident not in infos:
+                    infos[ident] = {k: row[j].strip() for k, j in info_i.items()}
+    if not t:
+        raise SourceFormatError(path, None, "no data rows after the header")
+    t_arr = np.asarray(t, dtype=np.int64)
+    if id_i is not None and keys[id_i] == "index":
+        try:
+            dev_idx = [int(x) for x in ids]
+        except ValueError:
+            raise SourceFormatError(path, None, "the index column holds a non-integer") from None
+    elif id_i is not None:
+        order: dict[str, int] = {}
+        dev_idx = [order.setdefault(x, len(order)) for x in ids]
+        builder.mapped[keys[id_i]] = "device gpu<i>, i = order of first appearance"
+    else:
+        n = gpus or infer_gpu_count(t_arr)
+        if n is None:
+            n = 1
+            builder.warn(f"{path}: no index/uuid column and the GPU count could not be inferred; "
+                         "treating every row as GPU 0 (pass --gpus N)")
+        if len(t) % n:
+            builder.warn(f"{path}: {len(t)} rows is not a multiple of {n} GPUs; the last sample is partial")
+        dev_idx = list(np.arange(len(t)) % n)
+        builder.mapped["(row order)"] = f"device gpu<row mod {n}>: no index column, {n} rows per sample"
+    devices = [f"gpu{i}" for i in dev_idx]
+    fields: dict[str, Any] = {}
+    for col, values in cols.items():
+        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        fields[col] = arr
+    builder.add_telemetry(telemetry_table(t_arr, host, devices, fields))
+    seen: dict[int, str] = {}
+    for i, ident in zip(dev_idx, ids or [None] * len(dev_idx), strict=True):
+        seen.setdefault(int(i), ident)
+    for i, ident in sorted(seen.items()):
+        info = infos.get(ident, {}) if ident else {}
+        extra = {"index": i, "name": info.get("name") or None}
+        if ident and keys[id_i] in ("uuid", "gpu_uuid"):
+            extra["uuid"] = ident
+        if ident and keys[id_i] in ("pci.bus_id", "gpu_bus_id"):
+            extra["pci_bus_id"] = ident
+        builder.add_device(host, f"gpu{i}", kind="gpu", vendor="nvidia", **extra)
+
+
+def import_nvsmi(
+    paths: Sequence[str | Path],
+    tz: str | None = None,
+    hosts: Sequence[str] | None = None,
+    gpus: int | None = None,
+    name: str | None = None,
+) -> RunBuilder:
+    """Import nvidia-smi CSV logs; file ``i`` becomes host ``hosts[i]`` (default ``node<i>``)."""
+    tzinfo, tzname = resolve_zone(tz)
+    b = RunBuilder(format="nvsmi", name=name)
+    b.info["import_timezone"] = {"zone": tzname, "given": tz is not None,
+                                 "note": "nvidia-smi timestamps are local time of the logging machine"}
+    files = [Path(p) for p in paths]
+    if hosts is not None and len(hosts) != len(files):
+        raise ValueError(f"{len(hosts)} host names for {len(files)} files: give one per file")
+    for i, f in enumerate(files):
+        b.add_source(f, role="telemetry")
+        read_nvsmi(f, b, hosts[i] if hosts else f"node{i}", tzinfo, gpus)
+    return b
