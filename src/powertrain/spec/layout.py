@@ -63,6 +63,35 @@ class Layout(BaseModel):
         """Pipeline (virtual) stages in total."""
         return self.pp * self.virtual_stages
 
+    def stage_layer_counts(self, layers: int) -> list[int]:
+        """Transformer layers in each (virtual) stage, in stage order, per ``pp_split``.
+
+        ``even`` spreads the remainder over the first stages; ``study_uneven`` gives even-indexed
+        stages one layer more and odd-indexed stages one fewer than the even split (the study's
+        split; with an odd number of stages the last stage keeps the even share). Raises
+        ``ValueError`` when a stage would get no layer or an explicit list does not add up.
+        """
+        n = self.stages
+        if isinstance(self.pp_split, list):
+            counts = list(self.pp_split)
+            if len(counts) != n or sum(counts) != layers:
+                raise ValueError(
+                    f"pp_split {counts} must list {n} stages (pp×virtual_stages) adding up to {layers} layers"
+                )
+        elif self.pp_split == "study_uneven":
+            if layers % n:
+                raise ValueError(f"study_uneven needs layers ({layers}) divisible by stages ({n})")
+            base = layers // n
+            counts = [base + 1 if i % 2 == 0 else base - 1 for i in range(n)]
+            if n % 2:
+                counts[-1] = base
+        else:
+            base, rest = divmod(layers, n)
+            counts = [base + (1 if i < rest else 0) for i in range(n)]
+        if min(counts) < 1:
+            raise ValueError(f"stage split {counts} leaves a stage without layers ({layers} layers, {n} stages)")
+        return counts
+
     def label(self) -> str:
         """Short human label, e.g. ``TP4·PP8`` or ``TP2·EP4·FSDP``."""
         parts = []

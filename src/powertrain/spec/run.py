@@ -42,6 +42,7 @@ class Knobs(BaseModel):
     power_limit_w: float | None = Field(default=None, gt=0)
     seed: int = 0
     lr: float = Field(default=1e-3, gt=0)
+    moe_aux_coeff: float = Field(default=0.01, ge=0, description="weight of the MoE load-balancing loss")
 
 
 class Hardware(BaseModel):
@@ -77,6 +78,18 @@ class Data(BaseModel):
     path: Path | None = Field(default=None, description="plain text file for kind=text (byte-level tokens)")
 
 
+class Profile(BaseModel):
+    """Optional ``torch.profiler`` traces, saved under ``<run>/profiles/``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    steps: list[int] | None = Field(default=None, description="steps to trace; default: the last warm-up step")
+    ranks: list[int] | Literal["per_stage", "all"] = Field(
+        default="per_stage", description="ranks that trace; per_stage = one rank per pipeline stage")
+    in_measured: bool = Field(default=False, description="allow traced steps inside the measured window")
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -87,6 +100,7 @@ class RunConfig(BaseModel):
     hardware: Hardware = Hardware()
     protocol: Protocol = Protocol()
     data: Data = Data()
+    profile: Profile = Profile()
 
     @field_validator("model", mode="before")
     @classmethod

@@ -1,0 +1,79 @@
+"""Bad configurations are rejected before any process starts, naming the rule and a fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from powertrain.spec.layout import Layout
+from powertrain.spec.run import RunConfig
+from powertrain.spec.validate import ConfigError, Violation, check, register_rule, validate
+
+
+def cfg(model="llama3-tiny", world=2, **kw) -> RunConfig:
+    layout = kw.pop("layout", {})
+    knobs = kw.pop("knobs", {})
+    return RunConfig(model=model, layout=layout, knobs=knobs,
+                     hardware={"devices_per_node": world}, **kw)
+
+
+def rules(c: RunConfig) -> set[str]:
+    return {v.rule for v in validate(c)}
+
+
+def test_valid_configs_pass():
+    assert validate(cfg()) == []
+    assert validate(cfg(world=4, layout={"tp": 2, "pp": 2}, knobs={"global_batch": 8})) == []
+    assert validate(cfg("mixtral-8x7b-tiny", world=4, layout={"ep": 4}, knobs={"global_batch": 8})) == []
+
+
+@pytest.mark.parametrize(("config", "rule", "fix_word"), [
+    (cfg(world=3, layout={"tp": 2}), "world_size", "multiple of 2"),
+    (cfg(world=4, layout={"dp": 1, "tp": 2}), "world_size", "omit layout.dp"),
+    (cfg(world=4, layout={"tp": 4}), "kv_heads_divisible_by_tp", "divisors of 2"),
+    (cfg("gpt3-tiny", world=3, layout={"tp": 3}), "heads_divisible_by_tp", "divisors of 8"),
+    (cfg(world=8, layout={"pp": 8}, knobs={"global_batch": 8}), "layers_ge_stages", "≤ 4"),
+    (cfg(world=2, layout={"pp": 2, "virtual_stages": 4, "pp_schedule": "interleaved_1f1b"}), "layers_ge_stages", "≤ 4"),
+    (cfg("mixtral-8x7b-tiny", world=3, layout={"ep": 3}, knobs={"global_batch": 6}), "experts_divisible_by_ep", "divisors of 8"),
+    (cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4}), "ep_divides_dp", "divisors of 2"),
+    (cfg("gpt3-tiny", layout={"ep": 2}), "ep_needs_moe", "ep: 1"),
+    (cfg(knobs={"global_batch": 6, "micro_batch": 2}), "global_batch_divisible", "multiple of 4"),
+    (cfg(world=2, layout={"pp": 2}, knobs={"global_batch": 2, "micro_batch": 2}), "pipeline_microbatches", "gpipe"),
+    (cfg(world=2, layout={"pp": 2, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2},
+         knobs={"global_batch": 3}), "pipeline_microbatches", "multiple of 2"),
+    (cfg(world=2, layout={"pp": 2, "virtual_stages": 2}), "virtual_stages_need_interleaved", "interleaved_1f1b"),
+    (cfg(world=2, layout={"pp": 2, "pp_split": [1, 2]}), "stage_split", "pp_split"),
+    (cfg(world=1, layout={"sequence_parallel": True}), "sequence_parallel_needs_tp", "tp > 1"),
+    (cfg(world=2, layout={"cp": 2}), "context_parallel_unsupported", "cp: 1"),
+    (cfg("mixtral-8x7b-tiny", layout={"ep": 2, "fsdp": True}), "fsdp_with_ep", "fsdp: false"),
+])
+def test_each_rule_names_itself_and_a_fix(config, rule, fix_word):
+    found = [v for v in validate(config) if v.rule == rule]
+    assert found, f"expected rule {rule}, got {validate(config)}"
+    assert fix_word in found[0].fix
+    with pytest.raises(ConfigError, match=rule):
+        check(config)
+
+
+def test_several_violations_are_all_reported():
+    c = cfg(world=3, layout={"tp": 4}, knobs={"global_batch": 5})
+    assert {"world_size", "kv_heads_divisible_by_tp"} <= rules(c)
+
+
+def test_stage_split_counts():
+    assert Layout(pp=2).stage_layer_counts(5) == [3, 2]
+    assert Layout(pp=4, pp_split="study_uneven").stage_layer_counts(8) == [3, 1, 3, 1]
+    assert Layout(pp=2, virtual_stages=2, pp_schedule="interleaved_1f1b").stage_layer_counts(4) == [1, 1, 1, 1]
+    assert Layout(pp=2, pp_split=[1, 3]).stage_layer_counts(4) == [1, 3]
+
+
+def test_extra_rule_plugs_in():
+    def too_big(c: RunConfig) -> list[Violation]:
+        return [Violation("memory_fit", "does not fit", "shrink it")] if c.model.hidden > 200 else []
+
+    register_rule(too_big)
+    try:
+        assert "memory_fit" in rules(cfg())
+        assert "memory_fit" not in rules(cfg("mixtral-8x7b-tiny"))
+    finally:
+        from powertrain.spec import validate as v
+        v._EXTRA_RULES.remove(too_big)
