@@ -71,9 +71,10 @@ def _add(**kw: object) -> None:
     _MODELS[m.name] = m
 
 
-# Full sizes, from DESIGN.md (the study's Table of models); vocabularies from the public releases.
+# Full sizes, from DESIGN.md (the study's Table of models); vocabularies from the public releases,
+# GPT-3's GPT-2 BPE (50257) padded to 51200 as Megatron-LM/NeMo train it (divisible by tp ≤ 1024).
 _add(name="gpt3-175b", family="gpt", layers=96, hidden=12288, ffn=49152, heads=96, kv_heads=96,
-     vocab=50257, seq_len=2048)
+     vocab=51200, seq_len=2048)
 _add(name="llama3-70b", family="llama", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8,
      vocab=128256, seq_len=8192)
 _add(name="mixtral-8x7b", family="mixtral", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,

@@ -1,0 +1,214 @@
+"""Turning a sweep spec into runs: validate each before launch, check memory, merge duplicates.
+
+Each expanded grid point becomes a :class:`PlannedRun` with one of three statuses:
+
+* ``planned`` — valid and expected to fit in device memory;
+* ``rejected`` — a rule is violated (the rule, the numbers and a suggested fix are in ``reasons``),
+  including "does not fit in memory" from :mod:`powertrain.predict.memory`;
+* ``unsupported`` — a valid configuration that the built-in trainer cannot run (e.g. torch's 1F1B
+  needs at least as many micro-batches as pipeline stages; Megatron-LM runs it with a larger bubble);
+* ``duplicate`` — its *effective* configuration equals an earlier run's (knobs that change nothing
+  for that layout, such as async TP at TP=1, are normalised away); ``duplicate_of`` names the run kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from powertrain.plan.sweep_spec import SweepSpec, expand
+from powertrain.spec.run import RunConfig
+from powertrain.spec.validate import validate
+
+Status = Literal["planned", "rejected", "unsupported", "duplicate"]
+
+# Rules that are limits of the built-in trainer (torch.distributed.pipelining), not of the
+# configuration itself: other engines run these points.
+TRAINER_LIMIT_RULES = frozenset({"pipeline_microbatches"})
+
+
+@dataclass
+class PlannedRun:
+    id: str
+    index: int
+    settings: dict[str, Any]
+    variant: str | None
+    config: RunConfig | None
+    status: Status = "planned"
+    reasons: list[str] = field(default_factory=list)
+    mem_per_device_bytes: float | None = None
+    mem_capacity_bytes: float | None = None
+    duplicate_of: str | None = None
+    unused_knobs: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.mem_per_device_bytes is None or self.mem_capacity_bytes is None:
+            return None
+        return self.mem_per_device_bytes <= self.mem_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "index": self.index,
+            "status": self.status,
+            "reasons": self.reasons,
+            "variant": self.variant,
+            "axes": self.settings,
+            "layout": self.config.layout.label() if self.config else None,
+            "config": self.config.model_dump(mode="json") if self.config else None,
+            "mem_per_device_bytes": self.mem_per_device_bytes,
+            "mem_capacity_bytes": self.mem_capacity_bytes,
+            "fits": self.fits,
+            "duplicate_of": self.duplicate_of,
+            "unused_knobs": self.unused_knobs,
+        }
+
+
+@dataclass
+class Plan:
+    spec: SweepSpec
+    runs: list[PlannedRun]
+
+    @property
+    def to_launch(self) -> list[PlannedRun]:
+        return [r for r in self.runs if r.status == "planned"]
+
+    def counts(self) -> dict[str, int]:
+        out = {"planned": 0, "rejected": 0, "unsupported": 0, "duplicate": 0}
+        for r in self.runs:
+            out[r.status] += 1
+        return out
+
+
+def _slug(value: Any) -> str:
+    if isinstance(value, dict):
+        value = value.get("name", "inline")
+    text = str(value).lower().replace("+", "-")
+    return re.sub(r"[^a-z0-9.-]+", "-", text).strip("-") or "x"
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and full != "model":
+            out.update(_flatten(value, f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
+def run_id(settings: dict[str, Any]) -> str:
+    """A readable, stable id from the grid values, e.g. ``gpt3-175b.tp2.pp16.base``."""
+    parts = []
+    for key, value in _flatten(settings).items():
+        if isinstance(value, bool):
+            if value:
+                parts.append(key.split(".")[-1].replace("_", ""))
+            continue
+        if key in ("model", "variant"):
+            parts.append(_slug(value))
+        else:
+            short = key.split(".")[-1].replace("_", "")
+            short = {"microbatch": "mb", "globalbatch": "gb", "recompute": "rc"}.get(short, short)
+            parts.append(f"{short}{_slug(value)}")
+    return ".".join(parts) or "run"
+
+
+def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
+    """The configuration with knobs that cannot matter for its layout reset to their defaults.
+
+    Returns the normalised dict and the names of the knobs that were set but change nothing.
+    """
+    default = RunConfig(model=config.model)
+    d = config.model_dump(mode="json")
+    d["name"] = None
+    lay, ov = d["layout"], d["knobs"]["overlap"]
+    dflt_lay, dflt_ov = default.layout.model_dump(mode="json"), default.knobs.overlap.model_dump(mode="json")
+    unused: list[str] = []
+
+    def reset(section: dict[str, Any], dflt: dict[str, Any], key: str, prefix: str, why: str) -> None:
+        if section[key] != dflt[key]:
+            unused.append(f"{prefix}{key} ({why})")
+            section[key] = dflt[key]
+
+    dp = config.layout.dp or 1
+    if config.layout.tp == 1:
+        reset(lay, dflt_lay, "sequence_parallel", "layout.", "TP=1")
+        reset(ov, dflt_ov, "async_tp", "knobs.overlap.", "TP=1")
+    if config.layout.pp == 1:
+        for key in ("pp_schedule", "virtual_stages", "pp_split"):
+            reset(lay, dflt_lay, key, "layout.", "PP=1")
+    if not config.layout.fsdp:
+        for key in ("fsdp_prefetch", "fsdp_reshard_after_forward"):
+            reset(ov, dflt_ov, key, "knobs.overlap.", "no FSDP")
+    if dp * config.layout.cp == 1:
+        for key in ("ddp_bucket_mb", "grad_reduce_in_backward"):
+            reset(ov, dflt_ov, key, "knobs.overlap.", "no data parallelism")
+    return d, unused
+
+
+def _memory(config: RunConfig) -> tuple[float | None, float | None, str | None]:
+    """(bytes per device, capacity, reason it does not fit) from the analytical memory model."""
+    try:
+        from powertrain.predict.memory import fits
+    except ImportError:  # the predictor is an optional part of a slim install
+        return None, None, None
+    ok, need, breakdown = fits(config)
+    capacity = breakdown.get("capacity_bytes") if isinstance(breakdown, dict) else None
+    if ok:
+        return need, capacity, None
+    cap_txt = f" of {capacity / 2**30:.0f} GiB" if capacity else ""
+    return need, capacity, (
+        f"memory: needs {need / 2**30:.1f} GiB per device{cap_txt} — fix: raise tp/pp, enable fsdp "
+        "or full recompute, or lower the micro-batch"
+    )
+
+
+def plan(spec: SweepSpec) -> Plan:
+    """Expand, validate, size and de-duplicate every run of ``spec``."""
+    runs: list[PlannedRun] = []
+    seen_ids: dict[str, int] = {}
+    seen_effective: dict[str, str] = {}
+    for exp in expand(spec):
+        rid = run_id(exp.settings)
+        if rid in seen_ids:
+            seen_ids[rid] += 1
+            rid = f"{rid}.{seen_ids[rid]}"
+        else:
+            seen_ids[rid] = 0
+        run = PlannedRun(id=rid, index=exp.index, settings=exp.settings, variant=exp.variant, config=exp.config)
+        runs.append(run)
+        if exp.config is None:
+            run.status, run.reasons = "rejected", [f"spec: {exp.error}"]
+            continue
+        violations = validate(exp.config)
+        with contextlib.suppress(ValueError):  # show the derived dp even on rejected runs
+            run.config = exp.config.model_copy(update={
+                "layout": exp.config.layout.resolve(exp.config.hardware.world), "name": rid})
+        if violations:
+            limits_only = all(v.rule in TRAINER_LIMIT_RULES for v in violations)
+            run.status = "unsupported" if limits_only else "rejected"
+            run.reasons = [str(v) for v in violations]
+            continue
+        world = exp.config.hardware.world
+        run.config = exp.config.model_copy(update={"layout": exp.config.layout.resolve(world), "name": rid})
+        need, capacity, why = _memory(run.config)
+        run.mem_per_device_bytes, run.mem_capacity_bytes = need, capacity
+        if why:
+            run.status, run.reasons = "rejected", [why]
+            continue
+        effective, run.unused_knobs = effective_config(run.config)
+        key = json.dumps(effective, sort_keys=True)
+        if key in seen_effective:
+            run.status = "duplicate"
+            run.duplicate_of = seen_effective[key]
+            run.reasons = [f"same effective configuration as {run.duplicate_of}"
+                           + (f": {', '.join(run.unused_knobs)} change nothing" if run.unused_knobs else "")]
+        else:
+            seen_effective[key] = rid
+    return Plan(spec=spec, runs=runs)

@@ -1,0 +1,125 @@
+"""Sweep state on disk: ``<sweep>/sweep.json``, the lock that keeps two sweeps apart, and resume.
+
+``sweep.json`` is the single record of a sweep: every planned, rejected and duplicate run with its
+status, reason, configuration and axes. It is rewritten atomically after every change, so a Ctrl-C or
+a crash at any moment leaves a readable state. Statuses of runs::
+
+    planned ─► running ─► ok | failed | oom        rejected, duplicate: never launched
+
+On resume, a run found ``running`` was interrupted: it is re-run (its partial directory is moved to
+``.attempts/``) or marked failed, as the user chooses. Finished runs are never re-run, so the final
+set of run directories is exactly the set of launched runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from powertrain.plan.planner import Plan
+from powertrain.store.rundir import default_host, read_json, write_json_atomic
+
+FINISHED = ("ok", "failed", "oom")
+
+
+class SweepLocked(RuntimeError):
+    """Another sweep is running on this results folder."""
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` for the duration of a sweep (released on any exit)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(path).read_text().strip() or "unknown process"
+            raise SweepLocked(
+                f"another sweep is already running on {folder} ({holder}); wait for it to finish, "
+                "or give this sweep a different results folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {default_host()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+class SweepState:
+    """The runs of one sweep folder and their statuses, persisted in ``sweep.json``."""
+
+    def __init__(self, folder: Path, data: dict[str, Any]) -> None:
+        self.folder = folder
+        self.data = data
+
+    @property
+    def path(self) -> Path:
+        return self.folder / "sweep.json"
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return self.data["runs"]
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        return next(r for r in self.runs if r["id"] == run_id)
+
+    def save(self) -> None:
+        self.data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json_atomic(self.path, self.data)
+
+    def set(self, run_id: str, **fields: Any) -> None:
+        self.run(run_id).update(fields)
+        self.save()
+
+    @classmethod
+    def load(cls, folder: Path) -> SweepState | None:
+        path = folder / "sweep.json"
+        return cls(folder, read_json(path)) if path.is_file() else None
+
+    @classmethod
+    def create_or_merge(cls, folder: Path, plan: Plan) -> SweepState:
+        """A state for ``plan``: new, or merged with the one on disk (statuses of known runs kept)."""
+        old = cls.load(folder)
+        previous = {r["id"]: r for r in old.runs} if old else {}
+        runs = []
+        for pr in plan.runs:
+            entry = pr.to_dict()
+            prev = previous.get(pr.id)
+            if prev and pr.status == "planned" and prev.get("status") in (*FINISHED, "running"):
+                for key in ("status", "reason", "attempts", "started", "ended", "exit_code"):
+                    if key in prev:
+                        entry[key] = prev[key]
+            if pr.status != "planned":
+                entry["reason"] = "; ".join(pr.reasons)
+            runs.append(entry)
+        state = cls(folder, {
+            "schema": "powertrain.sweep/1",
+            "name": plan.spec.name,
+            "spec": plan.spec.model_dump(mode="json"),
+            "runs": runs,
+        })
+        state.save()
+        return state
+
+    def archive_attempt(self, run_id: str) -> Path | None:
+        """Move a run's existing directory aside (to ``.attempts/``) before it is run again."""
+        src = self.folder / run_id
+        if not src.exists():
+            return None
+        dest_root = self.folder / ".attempts"
+        dest_root.mkdir(exist_ok=True)
+        n = 1
+        while (dest_root / f"{run_id}.{n}").exists():
+            n += 1
+        dest = dest_root / f"{run_id}.{n}"
+        shutil.move(str(src), dest)
+        return dest
