@@ -1,0 +1,127 @@
+"""Signal arithmetic on one device's time series (numpy): integrals, ramps, oscillation.
+
+Times are int64 nanoseconds (``t_ns``); values are floats. Every function returns ``None`` when
+it has too little data, never 0. The SQL in :mod:`powertrain.analyze.telemetry` computes the same
+integrals and ramps at scale; these are the reference definitions and what the per-device spectrum
+uses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _clean(t_ns: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = np.asarray(t_ns, dtype=np.int64)
+    x = np.asarray(v, dtype=np.float64)
+    ok = ~np.isnan(x)
+    t, x = t[ok], x[ok]
+    order = np.argsort(t, kind="stable")
+    return t[order], x[order]
+
+
+def clip_interp(t_ns: np.ndarray, v: np.ndarray, w0: int, w1: int) -> tuple[np.ndarray, np.ndarray]:
+    """The series restricted to [w0, w1], with linearly interpolated end points added when the
+    series extends past the window (so integrals cover exactly the window where data allow)."""
+    t, x = _clean(t_ns, v)
+    if len(t) == 0:
+        return t, x
+    inside = (t >= w0) & (t <= w1)
+    tt = [t[inside]]
+    xx = [x[inside]]
+    if t[0] < w0 < t[-1] and (len(tt[0]) == 0 or tt[0][0] != w0):
+        tt.insert(0, np.array([w0]))
+        xx.insert(0, np.array([np.interp(w0, t, x)]))
+    if t[0] < w1 < t[-1] and (len(tt[-1]) == 0 or tt[-1][-1] != w1):
+        tt.append(np.array([w1]))
+        xx.append(np.array([np.interp(w1, t, x)]))
+    return np.concatenate(tt), np.concatenate(xx)
+
+
+def trapezoid_j(t_ns: np.ndarray, power_w: np.ndarray) -> float | None:
+    """Energy in joules: the trapezoid integral of power over time (needs two samples)."""
+    t, p = _clean(t_ns, power_w)
+    if len(t) < 2:
+        return None
+    dt = np.diff(t) / 1e9
+    return float(np.sum(dt * (p[1:] + p[:-1]) / 2))
+
+
+def counter_delta(t_ns: np.ndarray, counter: np.ndarray) -> float | None:
+    """Increase of a cumulative counter over the series (negative steps — resets — are dropped)."""
+    t, c = _clean(t_ns, counter)
+    if len(t) < 2:
+        return None
+    d = np.diff(c)
+    return float(np.sum(d[d >= 0]))
+
+
+def max_ramp_w_per_s(t_ns: np.ndarray, power_w: np.ndarray) -> float | None:
+    """Fastest change of power between consecutive samples, in W/s (absolute value)."""
+    t, p = _clean(t_ns, power_w)
+    if len(t) < 2:
+        return None
+    dt = np.diff(t) / 1e9
+    ok = dt > 0
+    if not ok.any():
+        return None
+    return float(np.max(np.abs(np.diff(p)[ok] / dt[ok])))
+
+
+def resample_uniform(t_ns: np.ndarray, v: np.ndarray, period_s: float | None = None) -> tuple[np.ndarray, float]:
+    """The series linearly resampled on a uniform grid (default: its median sample period)."""
+    t, x = _clean(t_ns, v)
+    if len(t) < 2:
+        return np.empty(0), 0.0
+    if period_s is None:
+        period_s = float(np.median(np.diff(t))) / 1e9
+    if period_s <= 0:
+        return np.empty(0), 0.0
+    grid = np.arange(t[0], t[-1] + 1, round(period_s * 1e9), dtype=np.int64)
+    return np.interp(grid, t, x), period_s
+
+
+def dominant_oscillation(t_ns: np.ndarray, v: np.ndarray, period_s: float | None = None) -> tuple[float, float] | None:
+    """(frequency in Hz, amplitude) of the strongest non-DC component of the series.
+
+    The series is resampled uniformly, its mean removed, a Hann window applied, and the largest bin
+    of the real FFT taken; the amplitude is corrected for the window's coherent gain, so a pure sine
+    ``A·sin(2πft)`` gives ``(f, A)`` (within one frequency bin). ``None`` below 8 samples or for a
+    flat signal.
+    """
+    x, dt = resample_uniform(t_ns, v, period_s)
+    n = len(x)
+    if n < 8:
+        return None
+    x = x - x.mean()
+    if np.allclose(x, 0):
+        return None
+    w = np.hanning(n)
+    spec = np.abs(np.fft.rfft(x * w))
+    spec[0] = 0.0
+    k = int(np.argmax(spec))
+    if k == 0:
+        return None
+    freqs = np.fft.rfftfreq(n, d=dt)
+    # Parabolic interpolation of the peak refines frequency and amplitude between bins.
+    if 0 < k < len(spec) - 1:
+        a, b, c = spec[k - 1], spec[k], spec[k + 1]
+        denom = a - 2 * b + c
+        delta = 0.5 * (a - c) / denom if denom != 0 else 0.0
+        peak = b - 0.25 * (a - c) * delta
+    else:
+        delta, peak = 0.0, spec[k]
+    freq = (k + delta) / (n * dt)
+    amp = 2.0 * peak / w.sum()
+    return float(min(max(freq, freqs[1]), freqs[-1])), float(amp)
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson correlation of two equally long samples; ``None`` below 3 points or without variance."""
+    a = np.asarray(x, dtype=np.float64)
+    b = np.asarray(y, dtype=np.float64)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[ok], b[ok]
+    if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])

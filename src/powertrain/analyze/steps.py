@@ -1,0 +1,160 @@
+"""Step timing from the ranks' ``step`` events: the measured window, step times, tokens, stragglers.
+
+Definitions:
+
+* a **measured step** is a ``step`` event with ``window == "measured"``; the **measured window** is
+  [earliest start, latest end] of those events over all ranks;
+* the **time of step s** is the longest duration among the ranks' step-s events (a synchronous step
+  ends when its slowest rank does; durations, not cross-rank differences, so host clock skew does not
+  enter);
+* **tokens (samples) of step s**: ranks that hold the same data-parallel replica (same ``dp``
+  coordinate in the rank map) process the same tokens, so each replica counts once (its largest
+  value) and replicas add up; without coordinates every rank counts;
+* **straggler spread of step s**: (slowest − fastest rank duration) / median rank duration × 100.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass
+class StepData:
+    """The measured steps of a run, as numpy arrays and per-rank tables."""
+
+    steps: np.ndarray  # step indices, ascending
+    step_time_s: np.ndarray  # per step
+    tokens: np.ndarray  # per step (nan where unknown)
+    samples: np.ndarray
+    t_start_ns: np.ndarray  # per step: earliest rank start
+    t_end_ns: np.ndarray  # per step: latest rank end
+    ranks: list[int]
+    rank_step_s: np.ndarray  # [rank index, step index] duration, nan where missing
+    spread_pct: np.ndarray  # per step (nan with fewer than two ranks)
+    window: tuple[int, int]
+    phases: list[dict[str, Any]] = field(default_factory=list)  # non-step events of measured steps
+
+    @property
+    def n(self) -> int:
+        return len(self.steps)
+
+
+def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = None) -> StepData | None:
+    """The measured steps of ``events`` (a table of :data:`powertrain.schema.EVENTS_SCHEMA`), or
+    ``None`` when there is no measured step event."""
+    if events.num_rows == 0:
+        return None
+    steps_t = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.equal(events["window"], "measured")))
+    steps_t = steps_t.filter(pc.invert(pc.is_null(steps_t["step"])))
+    if steps_t.num_rows == 0:
+        return None
+    rank = steps_t["rank"].to_numpy()
+    step = steps_t["step"].to_numpy()
+    t0 = steps_t["t_start_ns"].to_numpy()
+    t1 = steps_t["t_end_ns"].to_numpy()
+    tok = np.array([np.nan if v is None else v for v in steps_t["tokens"].to_pylist()], dtype=float)
+    smp = np.array([np.nan if v is None else v for v in steps_t["samples"].to_pylist()], dtype=float)
+    ranks = sorted(set(rank.tolist()))
+    uniq = np.array(sorted(set(step.tolist())), dtype=np.int64)
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: i for i, s in enumerate(uniq.tolist())}
+    dur = np.full((len(ranks), len(uniq)), np.nan)
+    toks = np.full((len(ranks), len(uniq)), np.nan)
+    smps = np.full((len(ranks), len(uniq)), np.nan)
+    for k in range(len(rank)):
+        i, j = ri[int(rank[k])], si[int(step[k])]
+        dur[i, j] = (t1[k] - t0[k]) / 1e9
+        toks[i, j] = tok[k]
+        smps[i, j] = smp[k]
+    replica = _replica_of(ranks, rank_map)
+    step_time = np.nanmax(dur, axis=0)
+    starts = np.array([t0[step == s].min() for s in uniq], dtype=np.int64)
+    ends = np.array([t1[step == s].max() for s in uniq], dtype=np.int64)
+    with np.errstate(all="ignore"):
+        if len(ranks) >= 2:
+            med = np.nanmedian(dur, axis=0)
+            spread = (np.nanmax(dur, axis=0) - np.nanmin(dur, axis=0)) / med * 100
+        else:
+            spread = np.full(len(uniq), np.nan)
+    phases = _phases(events, set(uniq.tolist()))
+    return StepData(
+        steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
+        samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
+        rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
+    )
+
+
+def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list[Any]:
+    coords = {int(e["rank"]): (e.get("coords") or {}) for e in (rank_map or []) if "rank" in e}
+    if all(r in coords and "dp" in coords[r] for r in ranks):
+        return [coords[r]["dp"] for r in ranks]
+    return list(ranks)
+
+
+def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
+    """Sum over replicas of the largest value within each replica, per step (nan if all unknown)."""
+    out = np.full(values.shape[1], np.nan)
+    groups: dict[Any, list[int]] = {}
+    for i, rep in enumerate(replica):
+        groups.setdefault(rep, []).append(i)
+    for j in range(values.shape[1]):
+        total, seen = 0.0, False
+        for idx in groups.values():
+            col = values[idx, j]
+            col = col[~np.isnan(col)]
+            if len(col):
+                total += float(col.max())
+                seen = True
+        if seen:
+            out[j] = total
+    return out
+
+
+def _phases(events: pa.Table, steps: set[int]) -> list[dict[str, Any]]:
+    """Summed duration per (rank, kind) of the non-step events inside measured steps."""
+    other = events.filter(pc.not_equal(events["kind"], "step"))
+    if other.num_rows == 0:
+        return []
+    acc: dict[tuple[int, str], float] = {}
+    for r, k, s, a, b in zip(other["rank"].to_pylist(), other["kind"].to_pylist(), other["step"].to_pylist(),
+                             other["t_start_ns"].to_pylist(), other["t_end_ns"].to_pylist(), strict=True):
+        if s is None or s not in steps:
+            continue
+        acc[(r, k)] = acc.get((r, k), 0.0) + (b - a) / 1e9
+    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
+
+
+def step_stats(sd: StepData | None) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Step-time statistics, throughput and straggler spread; (metrics, why_null)."""
+    names = ("step_time_mean_s", "step_time_p50_s", "step_time_p99_s", "step_time_cv", "tokens_per_s",
+             "samples_per_s", "straggler_spread_pct")
+    if sd is None or sd.n == 0:
+        return dict.fromkeys(names), dict.fromkeys(names, "no measured step events (events/ with window=measured)")
+    t = sd.step_time_s
+    m: dict[str, float | None] = {
+        "step_time_mean_s": float(np.mean(t)),
+        "step_time_p50_s": float(np.percentile(t, 50)),
+        "step_time_p99_s": float(np.percentile(t, 99)),
+        "step_time_cv": float(np.std(t) / np.mean(t)) if np.mean(t) > 0 else None,
+    }
+    why: dict[str, str] = {}
+    total_t = float(np.sum(t))
+    for key, arr, label in (("tokens_per_s", sd.tokens, "tokens"), ("samples_per_s", sd.samples, "samples")):
+        if np.isnan(arr).any() or total_t <= 0:
+            m[key] = None
+            why[key] = f"step events carry no {label} count"
+        else:
+            m[key] = float(np.sum(arr) / total_t)
+    if len(sd.ranks) >= 2 and not np.isnan(sd.spread_pct).all():
+        m["straggler_spread_pct"] = float(np.nanmean(sd.spread_pct))
+    else:
+        m["straggler_spread_pct"] = None
+        why["straggler_spread_pct"] = "needs step events from at least two ranks"
+    if m["step_time_cv"] is None:
+        why["step_time_cv"] = "mean step time is zero"
+    return m, why

@@ -1,0 +1,208 @@
+"""Synthetic run directories whose metrics are known by construction.
+
+Used by the analysis tests, the report's browser test and ``benchmarks/analysis_scale.py``. Nothing
+here pretends to be measured: every ``run.json`` written says ``"synthetic": true`` and names the
+generator, and its devices are named ``vendor: "synthetic"``.
+
+Signals, per device ``d`` (global index ``g``) at time ``t`` (seconds since the start):
+
+* ``power_w = base_w + d_offset + amp_w · sin(2π·freq_hz·t)``, ``d_offset = power_step_w · g``;
+* ``energy_j`` = the exact integral of that power (so counter and integral agree up to the trapezoid
+  error), unless ``energy_counter=False``;
+* ``temp_c = temp_base_c + temp_step_c · slot`` (rear slots hotter, as in an air-cooled chassis);
+* ``clock_sm_mhz = clock_mhz`` except while throttled, where it is ``clock_mhz − 300``; a device is
+  throttled (``POWER_CAP``) in the first ``throttle_share[g]`` of every second;
+* ``link_tx_bytes`` grows at ``link_bps`` bytes per second.
+
+Step events: ``warmup`` then ``steps`` measured steps per rank, back to back, each ``step_s``
+long (rank ``r`` adds ``straggle_s · r``), ``tokens_per_rank`` tokens each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
+from powertrain.store.rundir import RunDir
+
+T0_NS = 1_700_000_000_000_000_000
+
+
+def _null_col(n: int, typ: pa.DataType) -> pa.Array:
+    return pa.nulls(n, type=typ)
+
+
+def telemetry_table(
+    host: str,
+    devices: Sequence[str],
+    *,
+    t0_ns: int = T0_NS,
+    duration_s: float = 10.0,
+    rate_hz: float = 10.0,
+    base_w: float = 500.0,
+    amp_w: float = 100.0,
+    freq_hz: float = 1.0,
+    power_step_w: float = 0.0,
+    first_index: int = 0,
+    temp_base_c: float = 50.0,
+    temp_step_c: float = 2.0,
+    clock_mhz: float = 1980.0,
+    throttle_share: Sequence[float] | float = 0.0,
+    link_bps: float | None = None,
+    energy_counter: bool = True,
+    fields: Sequence[str] | None = None,
+) -> pa.Table:
+    """Telemetry rows of one host (see module doc); ``fields`` limits which fields are non-null."""
+    n = round(duration_s * rate_hz) + 1
+    t_s = np.arange(n) / rate_hz
+    t_ns = t0_ns + np.round(t_s * 1e9).astype(np.int64)
+    shares = throttle_share if isinstance(throttle_share, Sequence) else [throttle_share] * (first_index + len(devices))
+    cols: dict[str, list[pa.Array]] = {k: [] for k in TELEMETRY_SCHEMA.names}
+    w = 2 * math.pi * freq_hz
+    for i, dev in enumerate(devices):
+        g = first_index + i
+        base = base_w + power_step_w * g
+        p = base + amp_w * np.sin(w * t_s)
+        e = base * t_s + (amp_w / w) * (1 - np.cos(w * t_s)) if freq_hz > 0 else base * t_s
+        frac = t_s - np.floor(t_s)
+        throttled = frac < shares[g] - 1e-12
+        values: dict[str, np.ndarray] = {
+            "power_w": p,
+            "energy_j": e,
+            "temp_c": np.full(n, temp_base_c + temp_step_c * i),
+            "clock_sm_mhz": np.where(throttled, clock_mhz - 300.0, clock_mhz),
+            "throttle": np.where(throttled, int(Throttle.POWER_CAP), 0).astype(np.int64),
+            "util_pct": np.full(n, 95.0),
+            "mem_used_bytes": np.full(n, 40 << 30, dtype=np.int64),
+        }
+        if link_bps is not None:
+            values["link_tx_bytes"] = np.round(link_bps * t_s).astype(np.int64)
+        if not energy_counter:
+            values.pop("energy_j")
+        if fields is not None:
+            values = {k: v for k, v in values.items() if k in fields}
+        cols["t_ns"].append(pa.array(t_ns, pa.int64()))
+        cols["host"].append(pa.array([host] * n, pa.string()))
+        cols["device"].append(pa.array([dev] * n, pa.string()))
+        for f, typ in TELEMETRY_FIELDS.items():
+            cols[f].append(pa.array(values[f], typ) if f in values else _null_col(n, typ))
+    return pa.table({k: pa.concat_arrays(v) for k, v in cols.items()}, schema=TELEMETRY_SCHEMA)
+
+
+def events_table(
+    rank: int,
+    *,
+    t0_ns: int = T0_NS,
+    warmup: int = 1,
+    steps: int = 5,
+    step_s: float = 1.0,
+    straggle_s: float = 0.0,
+    tokens: int | None = 1024,
+    samples: int | None = 8,
+    phases: bool = True,
+    start_offset_s: float = 0.0,
+    period_s: float | None = None,
+) -> pa.Table:
+    """Step (and forward/backward/optimizer) events of one rank; all ranks' steps start together."""
+    rows: list[dict[str, Any]] = []
+    dur = step_s + straggle_s * rank
+    period = period_s if period_s is not None else dur
+    for s in range(warmup + steps):
+        # every step starts at the same instant on every rank; the slowest rank sets the pace
+        a = t0_ns + round((start_offset_s + s * period) * 1e9)
+        b = a + round(dur * 1e9)
+        win = "warmup" if s < warmup else "measured"
+        rows.append({"rank": rank, "kind": "step", "name": f"step{s}", "step": s, "t_start_ns": a, "t_end_ns": b,
+                     "window": win, "tokens": tokens, "samples": samples, "loss": 1.0 / (s + 1),
+                     "mem_peak_bytes": None, "microbatch": None, "attrs": None})
+        if phases:
+            f_end = a + int((b - a) * 0.3)
+            bw_end = a + int((b - a) * 0.8)
+            for kind, x, y in (("forward", a, f_end), ("backward", f_end, bw_end), ("optimizer", bw_end, b)):
+                rows.append({"rank": rank, "kind": kind, "name": kind, "step": s, "t_start_ns": x, "t_end_ns": y,
+                             "window": win, "tokens": None, "samples": None, "loss": None, "mem_peak_bytes": None,
+                             "microbatch": None, "attrs": None})
+    return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+
+
+def write_run(
+    path: str | Path,
+    *,
+    hosts: int = 1,
+    devices_per_host: int = 4,
+    kind: str = "gpu",
+    status: str = "ok",
+    reason: str | None = None,
+    model: str | dict[str, Any] = "gpt3-tiny",
+    layout: dict[str, Any] | None = None,
+    knobs: dict[str, Any] | None = None,
+    device_type: str = "h100",
+    warmup: int = 1,
+    steps: int = 5,
+    step_s: float = 1.0,
+    straggle_s: float = 0.0,
+    tokens_per_rank: int | None = 1024,
+    samples_per_rank: int | None = 8,
+    rate_hz: float = 10.0,
+    name: str | None = None,
+    device_properties: dict[str, Any] | None = None,
+    **signal: Any,
+) -> Path:
+    """A complete synthetic run directory (run.json, telemetry/<host>.parquet, events/rank-<r>.parquet)."""
+    run = RunDir(path).create()
+    world = hosts * devices_per_host
+    duration = (warmup + steps) * (step_s + straggle_s * world) + 1.0
+    signal.setdefault("start_pad_s", 0.5)
+    pad = signal.pop("start_pad_s")
+    devices, rank_map = [], []
+    layout = layout or {}
+    tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
+    ep = int(layout.get("ep", 1))
+    for h in range(hosts):
+        host = f"node{h}"
+        names = [f"{'gpu' if kind == 'gpu' else 'cpu'}{i}" for i in range(devices_per_host)]
+        tel = telemetry_table(host, names, duration_s=duration + pad, rate_hz=rate_hz,
+                              first_index=h * devices_per_host, **signal)
+        pq.write_table(tel, run.telemetry_file(host))
+        fields = [f for f in TELEMETRY_FIELDS if tel[f].null_count < tel.num_rows]
+        for i, dev in enumerate(names):
+            devices.append({"host": host, "device": dev, "kind": kind, "vendor": "synthetic", "name": "synthetic",
+                            "uuid": f"synthetic-{h}-{i}", "supported": fields,
+                            "properties": dict(device_properties or {})})
+    for r in range(world):
+        h, local = divmod(r, devices_per_host)
+        tp_c = r % tp
+        pp_c = (r // tp) % pp
+        dp_c = r // (tp * pp)
+        rank_map.append({"rank": r, "host": f"node{h}", "local_rank": local,
+                         "device": f"{'gpu' if kind == 'gpu' else 'cpu'}{local}",
+                         "coords": {"dp": dp_c, "tp": tp_c, "pp": pp_c, "cp": 0, "ep": dp_c % ep}})
+        ev = events_table(r, warmup=warmup, steps=steps, step_s=step_s, straggle_s=straggle_s,
+                          tokens=tokens_per_rank, samples=samples_per_rank, start_offset_s=pad,
+                          period_s=step_s + straggle_s * (world - 1))
+        pq.write_table(ev, run.events_file(r))
+    knobs_d = {"micro_batch": 1, "global_batch": 8, "recompute": "none", "precision": "bf16", **(knobs or {})}
+    config = {
+        "name": name or run.path.name,
+        "model": model,
+        "layout": {"dp": world // (tp * pp), "tp": tp, "pp": pp, "cp": 1, "ep": ep, **layout},
+        "knobs": knobs_d,
+        "hardware": {"nodes": hosts, "devices_per_node": devices_per_host, "device": device_type},
+    }
+    run.write({
+        "schema": "powertrain.run/1", "kind": "train", "name": name or run.path.name, "status": status,
+        "reason": reason, "synthetic": True, "generator": "powertrain.analyze.synthetic",
+        "start_ns": T0_NS, "end_ns": T0_NS + int((duration + pad) * 1e9),
+        "hosts": [f"node{h}" for h in range(hosts)], "devices": devices,
+        "fields_supported": sorted({f for d in devices for f in d["supported"]}),
+        "not_measured": [], "config": config, "rank_map": rank_map,
+        "sampler": {"rate_hz": rate_hz},
+    })
+    return run.path
