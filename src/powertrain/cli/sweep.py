@@ -1,0 +1,115 @@
+"""``powertrain sweep``: run a sweep spec, locally or through Slurm, resumably."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from powertrain.cli import app
+from powertrain.cli.plan import print_plan
+from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
+from powertrain.plan.planner import plan
+from powertrain.plan.state import SweepLocked, SweepState
+from powertrain.plan.sweep_spec import SpecError, load_sweep_spec
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+class _Progress:
+    """done / running / failed / left and an ETA from the mean duration of finished runs."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.current: str | None = None
+        self.state: SweepState | None = None
+
+    def update(self, state: SweepState, current: str | None) -> None:
+        self.state, self.current = state, current
+
+    def __rich__(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        if self.state is None:
+            table.add_row("planning…")
+            return table
+        runs = self.state.runs
+        count = {s: sum(1 for r in runs if r.get("status") == s) for s in ("ok", "failed", "oom", "running", "planned")}
+        durations = [r["ended"] - r["started"] for r in runs if r.get("ended") and r.get("started")]
+        left = count["planned"] + count["running"]
+        eta = f"{(sum(durations) / len(durations)) * left / 60:.1f} min" if durations else "—"
+        table.add_row(f"[green]done {count['ok']}[/]", f"[red]failed {count['failed'] + count['oom']}[/]",
+                      f"[cyan]running {count['running']}[/]", f"left {left}", f"ETA {eta}",
+                      f"elapsed {(time.monotonic() - self.t0) / 60:.1f} min")
+        if self.current:
+            table.add_row(f"[cyan]▶ {self.current}[/]")
+        return table
+
+
+@app.command("sweep")
+def sweep_cmd(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default: results/<sweep name>).")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="local or slurm (default: the spec's launch.backend).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep in this folder; finished runs are kept.")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: re-run failed and OOM runs.")] = False,
+    only: Annotated[str | None, typer.Option("--only", help="Run only run ids matching this glob, e.g. '*tp2*'.")] = None,
+    interrupted: Annotated[str, typer.Option("--interrupted", help="With --resume: rerun or fail a run that was cut off.")] = "rerun",
+    time_limit_min: Annotated[float | None, typer.Option("--time-limit", help="Minutes per run (default: the spec's).")] = None,
+) -> None:
+    """Plan a sweep, then run every valid run: one after another on this machine (local), or one
+    Slurm job per run (slurm). State lives in OUT/sweep.json; Ctrl-C stops after cleaning up the
+    current run, and `--resume` picks up where it stopped without re-running what finished.
+
+    Example:  powertrain sweep examples/cpu-sweep.yaml --out results/cpu && powertrain report results/cpu
+    """
+    try:
+        sweep_spec = load_sweep_spec(spec)
+        p = plan(sweep_spec)
+    except SpecError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if interrupted not in ("rerun", "fail"):
+        err.print("[red]error:[/] --interrupted must be rerun or fail")
+        raise typer.Exit(2)
+    chosen = backend or sweep_spec.launch.backend
+    if chosen not in ("local", "slurm"):
+        err.print("[red]error:[/] --backend must be local or slurm")
+        raise typer.Exit(2)
+    folder = out or Path("results") / sweep_spec.name
+    print_plan(p, console=err, show_all=False)
+    if not p.to_launch:
+        err.print("[yellow]nothing to launch[/]")
+    progress = _Progress()
+    opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
+                        interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None)
+    runner = SweepRunner(p, folder, opts, on_change=progress.update)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        err.print(f"[yellow]{signal.Signals(signum).name}: stopping after the current run is cleaned up; "
+                  f"continue later with --resume[/]")
+        runner.request_stop()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with Live(progress, console=err, refresh_per_second=2, transient=False):
+            state = runner.run()
+    except (SweepLocked, SweepError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    failed = [r for r in state.runs if r.get("status") in ("failed", "oom")]
+    left = [r for r in state.runs if r.get("status") in ("planned", "running")]
+    err.print(f"sweep folder: {folder}")
+    for r in failed:
+        err.print(f"[red]{r['status']}[/] {r['id']}: {(r.get('reason') or '')[:300]}")
+    if left:
+        err.print(f"[yellow]{len(left)} run(s) not finished; continue with --resume[/]")
+    raise typer.Exit(1 if failed or left else 0)

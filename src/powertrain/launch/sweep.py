@@ -1,0 +1,298 @@
+"""Running a planned sweep: one run after another (local) or one Slurm job per run, resumable.
+
+Every run is launched the same way, as ``powertrain run <resolved spec> --out <sweep>/<run-id>``
+in its own process (locally) or inside its own Slurm job, so a crash of one run never takes the
+sweep down and a run directory always has a single owner. The sweep's state is
+:class:`powertrain.plan.state.SweepState` (``sweep.json``), rewritten after every change.
+
+Before each run the protocol's gate is applied (wait ``cooldown_s``, or until the hottest device
+is at or below ``cooldown_until_temp_c``), and an idle baseline is recorded once per sweep when the
+protocol asks for one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from powertrain.plan.planner import Plan
+from powertrain.plan.state import FINISHED, SweepState, sweep_lock
+from powertrain.spec.run import Protocol, RunConfig
+from powertrain.store.rundir import RunDir
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda out of memory", "oom-kill", "oom_kill", "memoryerror")
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start (folder holds another sweep, bad options); the message says what to do."""
+
+
+@dataclass
+class SweepOptions:
+    backend: str = "local"
+    resume: bool = False
+    retry_failed: bool = False
+    only: str | None = None
+    interrupted: str = "rerun"  # what --resume does with a run that was running: "rerun" | "fail"
+    time_limit_s: float | None = None
+    python: str = sys.executable
+    poll_s: float = 0.5
+
+
+def classify_failure(run_dir: Path) -> str:
+    """``oom`` when the run died of memory exhaustion (its reason or a log tail says so), else ``failed``."""
+    texts = []
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        texts.append(str(RunDir(run_dir).read().get("reason") or ""))
+    for log in sorted((run_dir / "logs").glob("*")) if (run_dir / "logs").is_dir() else []:
+        try:
+            with open(log, "rb") as f:
+                f.seek(max(0, os.path.getsize(log) - 8192))
+                texts.append(f.read().decode(errors="replace"))
+        except OSError:
+            continue
+    blob = "\n".join(texts).lower()
+    return "oom" if any(m in blob for m in OOM_MARKERS) else "failed"
+
+
+def _max_device_temp() -> float | None:
+    """Hottest device temperature on this node now, or None when no sensor exists."""
+    from powertrain.telemetry.discover import open_backends
+
+    backends, _ = open_backends("auto")
+    temps = []
+    try:
+        for b in backends:
+            temps += [r["temp_c"] for r in b.sample("gate") if r.get("temp_c") is not None]
+    finally:
+        for b in backends:
+            b.close()
+    return max(temps) if temps else None
+
+
+def apply_gate(protocol: Protocol, read_temp: Callable[[], float | None] = _max_device_temp,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Wait as the protocol says before a run; returns what happened (recorded in run.json)."""
+    if protocol.cooldown_s <= 0:
+        return {"waited_s": 0.0, "reason": "no cool-down asked"}
+    t0 = time.monotonic()
+    target = protocol.cooldown_until_temp_c
+    temp = read_temp() if target is not None else None
+    if target is not None and temp is None:
+        sleep(protocol.cooldown_s)
+        return {"waited_s": protocol.cooldown_s, "reason": "no temperature sensor: waited the full cool-down",
+                "temp_c": None}
+    while time.monotonic() - t0 < protocol.cooldown_s:
+        if target is not None:
+            temp = read_temp()
+            if temp is not None and temp <= target:
+                return {"waited_s": time.monotonic() - t0, "reason": f"temperature {temp:.1f} °C ≤ {target} °C",
+                        "temp_c": temp}
+        sleep(min(1.0, protocol.cooldown_s - (time.monotonic() - t0)))
+    return {"waited_s": time.monotonic() - t0, "reason": "cool-down time passed", "temp_c": temp}
+
+
+def _write_run_spec(folder: Path, run_id: str, config: dict[str, Any]) -> Path:
+    specs = folder / ".specs"
+    specs.mkdir(exist_ok=True)
+    path = specs / f"{run_id}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _run_command(opts: SweepOptions, spec_path: Path, run_dir: Path) -> list[str]:
+    return [opts.python, "-m", "powertrain.cli", "run", str(spec_path), "--out", str(run_dir)]
+
+
+def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit_s: float,
+                  stop: Callable[[], bool]) -> str | None:
+    """Run one run locally; returns a failure reason the run itself could not record, else None."""
+    log = run_dir.parent / ".launch" / f"{run_dir.name}.log"
+    log.parent.mkdir(exist_ok=True)
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(_run_command(opts, spec_path, run_dir), stdout=f, stderr=subprocess.STDOUT,
+                                process_group=0)
+        deadline = time.monotonic() + time_limit_s
+        reason = None
+        while proc.poll() is None:
+            if stop():
+                os.killpg(proc.pid, signal.SIGINT)
+                reason = "interrupted"
+            elif time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                reason = f"time limit of {time_limit_s / 60:g} min reached"
+            if reason:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                break
+            time.sleep(opts.poll_s)
+    if reason is None and proc.returncode != 0 and not RunDir(run_dir).exists():
+        tail = log.read_text(errors="replace")[-1500:]
+        reason = f"`powertrain run` exited with {proc.returncode} before creating the run: {tail.strip()}"
+    return reason
+
+
+def sbatch_script(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_path: Path, run_dir: Path,
+                  time_limit_s: float) -> str:
+    """The batch script for one run: one task per node; the run's launcher starts one sampler per node."""
+    folder = run_dir.parent
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=pt-{folder.name}-{run_dir.name}"[:120],
+        f"#SBATCH --nodes={config.hardware.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --time={max(1, int(time_limit_s // 60))}",
+        f"#SBATCH --output={folder / '.launch' / (run_dir.name + '-%j.out')}",
+    ]
+    if plan_launch.partition:
+        lines.append(f"#SBATCH --partition={plan_launch.partition}")
+    if plan_launch.account:
+        lines.append(f"#SBATCH --account={plan_launch.account}")
+    lines += [f"#SBATCH {d}" if not d.startswith("#SBATCH") else d for d in plan_launch.slurm_extra]
+    cmd = " ".join(shlex.quote(c) for c in _run_command(opts, spec_path, run_dir))
+    lines += ["set -euo pipefail", f"exec {cmd}"]
+    return "\n".join(lines) + "\n"
+
+
+def _launch_slurm(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_path: Path, run_dir: Path,
+                  time_limit_s: float, stop: Callable[[], bool]) -> str | None:
+    folder = run_dir.parent
+    (folder / ".launch").mkdir(exist_ok=True)
+    script = folder / ".launch" / f"{run_dir.name}.sbatch"
+    script.write_text(sbatch_script(opts, plan_launch, config, spec_path, run_dir, time_limit_s))
+    try:
+        res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return "sbatch not found: install Slurm's client tools or use --backend local"
+    if res.returncode != 0:
+        return f"sbatch refused the job: {res.stderr.strip()}"
+    job = res.stdout.strip().split(";")[0]
+    (folder / ".launch" / f"{run_dir.name}.jobid").write_text(job + "\n")
+    while True:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+        state = q.stdout.strip()
+        if q.returncode != 0 or not state or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        if stop():
+            subprocess.run(["scancel", "--signal=INT", "--full", job], capture_output=True)
+            time.sleep(2)
+            subprocess.run(["scancel", job], capture_output=True)
+            return "interrupted"
+        time.sleep(opts.poll_s)
+    if not RunDir(run_dir).exists():
+        outs = sorted((folder / ".launch").glob(f"{run_dir.name}-*.out"))
+        tail = outs[-1].read_text(errors="replace")[-1500:] if outs else "(no job output)"
+        return f"Slurm job {job} ended ({state or 'gone'}) without creating the run: {tail.strip()}"
+    return None
+
+
+class SweepRunner:
+    """Runs the planned runs of a sweep into ``folder``, persisting state after every change."""
+
+    def __init__(self, plan: Plan, folder: Path, opts: SweepOptions,
+                 on_change: Callable[[SweepState, str | None], None] | None = None) -> None:
+        self.plan = plan
+        self.folder = folder
+        self.opts = opts
+        self.on_change = on_change or (lambda state, current: None)
+        self.state: SweepState | None = None
+        self._stop = False
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def _prepare(self) -> SweepState:
+        existing = SweepState.load(self.folder)
+        if existing and not self.opts.resume and existing.data.get("name") != self.plan.spec.name:
+            raise SweepError(f"{self.folder} holds sweep {existing.data.get('name')!r}; use another results folder")
+        if existing and not self.opts.resume and any(r.get("status") in (*FINISHED, "running") for r in existing.runs):
+            raise SweepError(f"{self.folder} already holds runs of sweep {existing.data.get('name')!r}; "
+                             "continue it with --resume (add --retry-failed to re-run failures), "
+                             "or use another results folder")
+        state = SweepState.create_or_merge(self.folder, self.plan)
+        for r in state.runs:
+            if r.get("status") == "running":  # left by a sweep that was killed or interrupted
+                if self.opts.interrupted == "fail":
+                    state.set(r["id"], status="failed", reason="interrupted (sweep stopped while running)")
+                else:
+                    state.archive_attempt(r["id"])
+                    state.set(r["id"], status="planned", reason=None)
+            elif self.opts.retry_failed and r.get("status") in ("failed", "oom"):
+                state.archive_attempt(r["id"])
+                state.set(r["id"], status="planned", reason=None)
+        return state
+
+    def todo(self) -> list[dict[str, Any]]:
+        assert self.state is not None
+        return [r for r in self.state.runs if r.get("status") == "planned"
+                and (self.opts.only is None or fnmatch.fnmatch(r["id"], self.opts.only))]
+
+    def run(self) -> SweepState:
+        with sweep_lock(self.folder):
+            self.state = self._prepare()
+            self._baseline()
+            for entry in self.todo():
+                if self._stop:
+                    break
+                self._one(entry)
+            self.on_change(self.state, None)
+            return self.state
+
+    def _baseline(self) -> None:
+        assert self.state is not None
+        seconds = Protocol.model_validate(self.plan.spec.base.get("protocol", {})).idle_baseline_s
+        if seconds <= 0 or (self.folder / ".baseline" / "run.json").exists():
+            return
+        from powertrain.monitor import Monitor
+
+        with Monitor(out=self.folder / ".baseline", name="idle-baseline",
+                     rate_hz=self.plan.spec.launch.sampler_rate_hz):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not self._stop:
+                time.sleep(0.2)
+        self.state.data["idle_baseline"] = {"run_dir": ".baseline", "seconds": seconds}
+        self.state.save()
+
+    def _one(self, entry: dict[str, Any]) -> None:
+        assert self.state is not None
+        run_id = entry["id"]
+        config = RunConfig.model_validate(entry["config"])
+        run_dir = self.folder / run_id
+        if run_dir.exists():  # a partial directory from an earlier attempt that never got marked
+            self.state.archive_attempt(run_id)
+        gate = apply_gate(config.protocol)
+        spec_path = _write_run_spec(self.folder, run_id, entry["config"])
+        time_limit_s = self.opts.time_limit_s or self.plan.spec.launch.time_limit_min * 60
+        self.state.set(run_id, status="running", started=time.time(), attempts=entry.get("attempts", 0) + 1,
+                       reason=None)
+        self.on_change(self.state, run_id)
+        if self.opts.backend == "slurm":
+            reason = _launch_slurm(self.opts, self.plan.spec.launch, config, spec_path, run_dir, time_limit_s,
+                                   lambda: self._stop)
+        else:
+            reason = _launch_local(self.opts, spec_path, run_dir, time_limit_s, lambda: self._stop)
+        if reason == "interrupted":
+            return  # stays "running": --resume decides (re-run or mark failed)
+        status = "failed"
+        if RunDir(run_dir).exists():
+            info = RunDir(run_dir).read()
+            status = "ok" if info.get("status") == "ok" and reason is None else classify_failure(run_dir)
+            reason = reason or info.get("reason")
+            RunDir(run_dir).update(sweep={"name": self.plan.spec.name, "id": run_id, "gate": gate})
+        self.state.set(run_id, status=status, reason=reason, ended=time.time())
+        self.on_change(self.state, None)
