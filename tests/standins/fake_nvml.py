@@ -319,7 +319,7 @@ class FakeNvml:
         g = self._gpu("nvmlDeviceGetUtilizationRates", h)
         return SimpleNamespace(gpu=g.util_gpu, memory=g.util_mem)
 
-    def nvmlDeviceGetMemoryInfo(self, h: _Handle) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: _Handle, version: int | None = None) -> SimpleNamespace:
         g = self._gpu("nvmlDeviceGetMemoryInfo", h)
         return SimpleNamespace(total=g.mem_total, free=g.mem_total - g.mem_used, used=g.mem_used)
 

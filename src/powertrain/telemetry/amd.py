@@ -172,6 +172,7 @@ class AmdBackend(Backend):
         if not self._gpus:
             self._shutdown()
             raise BackendUnavailable(f"AMD: none of the {len(handles)} GPU(s) could be opened; {_INSTEAD}")
+        self._closed = False
 
     # -- opening ------------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -305,6 +306,8 @@ class AmdBackend(Backend):
         return [g.info for g in self._gpus]
 
     def sample(self, host: str) -> list[dict[str, Any]]:
+        if self._closed:
+            raise RuntimeError(f"the {self.name} backend is closed")
         return [self._sample_gpu(g, host) for g in self._gpus]
 
     def _sample_gpu(self, gpu: _Gpu, host: str) -> dict[str, Any]:
@@ -341,9 +344,10 @@ class AmdBackend(Backend):
         return row
 
     def close(self) -> None:
-        if getattr(self, "_gpus", None):
+        """Release the library; :meth:`devices` still answers (run metadata is written after close)."""
+        if not getattr(self, "_closed", True):
+            self._closed = True
             self._shutdown()
-            self._gpus = []
 
 
 class _LinkCounters:

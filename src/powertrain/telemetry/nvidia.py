@@ -188,6 +188,7 @@ class NvidiaBackend(Backend):
         if not self._gpus:
             self._shutdown()
             raise BackendUnavailable(f"NVIDIA: none of the {count} GPU(s) could be opened; {_INSTEAD}")
+        self._closed = False
 
     # -- opening ------------------------------------------------------------------------------
     def _init(self) -> None:
@@ -366,6 +367,8 @@ class NvidiaBackend(Backend):
         return [g.info for g in self._gpus]
 
     def sample(self, host: str) -> list[dict[str, Any]]:
+        if self._closed:
+            raise RuntimeError(f"the {self.name} backend is closed")
         return [self._sample_gpu(g, host) for g in self._gpus]
 
     def _decode(self, value: Any) -> float | int | None:
@@ -460,9 +463,10 @@ class NvidiaBackend(Backend):
                                     "(further failures of this read are not logged)")
 
     def close(self) -> None:
-        if getattr(self, "_gpus", None) is not None:
+        """Release the library; :meth:`devices` still answers (run metadata is written after close)."""
+        if not getattr(self, "_closed", True):
+            self._closed = True
             self._shutdown()
-            self._gpus = []
 
 
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST

@@ -1,0 +1,263 @@
+"""The NVIDIA backend against a stand-in of nvidia-ml-py (tests/standins/fake_nvml.py), and the real
+nvidia-ml-py on this GPU-less machine."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+
+import pynvml
+import pytest
+
+from powertrain.schema import TELEMETRY_FIELDS, Throttle
+from powertrain.store import read_telemetry
+from powertrain.telemetry.backend import BackendUnavailable
+from powertrain.telemetry.discover import open_backends
+from powertrain.telemetry.nvidia import NvidiaBackend, throttle_from_nvml
+from powertrain.telemetry.sampler import Sampler
+from standins import fake_nvml
+from standins.fake_nvml import FakeGpu, FakeNvml
+
+MEASURED = [f for f in TELEMETRY_FIELDS if f not in ("cpu_util_pct", "cgroup_cpu_s", "cgroup_mem_bytes",
+                                                    "load_1m", "energy_dram_j", "temp_hotspot_c")]
+
+
+def _backend(*gpus: FakeGpu) -> tuple[NvidiaBackend, FakeNvml]:
+    nvml = FakeNvml(list(gpus) or [FakeGpu()])
+    return NvidiaBackend(nvml=nvml), nvml
+
+
+def test_standin_mirrors_the_real_pynvml():
+    """Every constant, exception class and function of the stand-in exists in nvidia-ml-py as spelled."""
+    for name, value in fake_nvml.CONSTANTS.items():
+        assert getattr(pynvml, name) == value, name
+    for name in fake_nvml.ERRORS:
+        assert issubclass(getattr(pynvml, name), pynvml.NVMLError), name
+        assert pynvml.NVMLError(getattr(fake_nvml, name)(0).value).__class__.__name__ == name
+    functions = [n for n, _ in inspect.getmembers(FakeNvml, inspect.isfunction) if n.startswith("nvml")]
+    assert len(functions) > 20
+    for name in functions:
+        real = inspect.signature(getattr(pynvml, name))
+        fake = inspect.signature(getattr(FakeNvml, name))
+        # Same positional parameters (the stand-in's methods have `self` first).
+        assert len(list(fake.parameters)[1:]) == len(real.parameters), name
+
+
+def test_fields_are_mapped_with_their_units():
+    gpu = FakeGpu(power_mw=312_456, power_avg_mw=300_500, energy_mj=7_250_000, temp_c=61, mem_temp_c=70,
+                  clock_sm_mhz=1755, clock_mem_mhz=2619, util_gpu=97, util_mem=45, mem_used=40 * 2**30,
+                  power_limit_mw=650_000, reasons=fake_nvml.nvmlClocksEventReasonSwPowerCap, fan_pct=55,
+                  pcie_tx=123_456_789, pcie_rx=987_654,
+                  nvlink_tx_kib=[1, 2, 3] + [0] * 15, nvlink_rx_kib=[10] * 18)
+    backend, _ = _backend(gpu)
+    (row,) = backend.sample("node1")
+    assert (row["host"], row["device"]) == ("node1", "gpu0")
+    assert row["power_w"] == pytest.approx(312.456)  # mW → W
+    assert row["power_avg_w"] == pytest.approx(300.5)
+    assert row["energy_j"] == pytest.approx(7250.0)  # mJ → J
+    assert (row["temp_c"], row["temp_mem_c"]) == (61.0, 70.0)
+    assert (row["clock_sm_mhz"], row["clock_mem_mhz"]) == (1755.0, 2619.0)
+    assert (row["util_pct"], row["util_mem_pct"]) == (97.0, 45.0)
+    assert row["mem_used_bytes"] == 40 * 2**30
+    assert row["power_limit_w"] == pytest.approx(650.0)
+    assert row["throttle"] == Throttle.POWER_CAP
+    assert row["fan_pct"] == 55.0
+    assert (row["pcie_tx_bytes"], row["pcie_rx_bytes"]) == (123_456_789, 987_654)
+    assert row["link_tx_bytes"] == 6 * 1024  # KiB summed over all links → bytes
+    assert row["link_rx_bytes"] == 18 * 10 * 1024
+    for col in ("mem_used_bytes", "pcie_tx_bytes", "link_tx_bytes", "throttle"):
+        assert isinstance(row[col], int), col
+
+    (info,) = backend.devices()
+    assert (info.device, info.kind, info.vendor, info.index) == ("gpu0", "gpu", "nvidia", 0)
+    assert info.uuid == gpu.uuid and info.pci_bus_id == gpu.bus_id and info.name == gpu.name
+    assert info.supported == MEASURED  # every GPU field of the schema, in schema order
+    p = info.properties
+    assert (p["clock_sm_max_mhz"], p["clock_mem_max_mhz"]) == (1980.0, 2619.0)
+    assert (p["power_limit_default_w"], p["power_limit_min_w"], p["power_limit_max_w"]) == (700.0, 200.0, 700.0)
+    assert p["mem_total_bytes"] == 80 * 2**30 and p["temp_slowdown_c"] == 87.0 and p["nvlink_links"] == 18
+    assert backend.software == {"nvidia_driver": "550.54.15", "nvml_version": "12.550.54.15", "cuda_driver": "12.4"}
+
+
+def test_one_batched_field_read_per_gpu_and_no_blocking_call():
+    backend, nvml = _backend(FakeGpu(), FakeGpu())
+    nvml.calls.clear()
+    for _ in range(5):
+        backend.sample("h")
+    assert nvml.calls["nvmlDeviceGetFieldValues"] == 5 * 2
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 0  # blocks 20 ms: never in the loop
+    # Static facts are read once at open, not per sample.
+    assert nvml.calls["nvmlDeviceGetMaxClockInfo"] == nvml.calls["nvmlDeviceGetName"] == 0
+    # Power, energy and link counters come from the batch, not from separate calls.
+    assert nvml.calls["nvmlDeviceGetPowerUsage"] == nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+
+
+def test_counters_unwrap_and_energy_follows_power():
+    gpu = FakeGpu(pcie_tx=2**32 - 1000, power_mw=400_000, energy_mj=10_000_000)
+    backend, _ = _backend(gpu)
+    rows = [backend.sample("h")[0]]
+    for _ in range(3):
+        gpu.pcie_tx += 3000  # the 32-bit value NVML returns wraps on the first step
+        gpu.nvlink_tx_kib[0] += 5
+        gpu.advance(0.5)  # 400 W for 0.5 s = 200 J
+        rows.append(backend.sample("h")[0])
+    tx = [r["pcie_tx_bytes"] for r in rows]
+    assert tx == [2**32 - 1000 + 3000 * i for i in range(4)]  # monotonic 64-bit, never a drop
+    assert [r["link_tx_bytes"] for r in rows] == [5 * 1024 * i for i in range(4)]
+    assert rows[-1]["energy_j"] - rows[0]["energy_j"] == pytest.approx(3 * 200.0)
+
+    gpu.energy_mj = 1_000  # a 64-bit counter drops only on reset (driver reload): the total keeps going
+    after = backend.sample("h")[0]["energy_j"]
+    assert after >= rows[-1]["energy_j"]
+
+
+def test_unsupported_fields_are_null_not_zero_and_not_listed():
+    gpu = FakeGpu(unsupported={"NVML_FI_DEV_MEMORY_TEMP", "NVML_FI_DEV_POWER_INSTANT", "nvmlDeviceGetFanSpeed",
+                               "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"},
+                  nvlink_tx_kib=[], nvlink_rx_kib=[])  # no NVLink on this GPU
+    backend, nvml = _backend(gpu)
+    (info,) = backend.devices()
+    gone = {"temp_mem_c", "power_w", "fan_pct", "pcie_tx_bytes", "pcie_rx_bytes", "link_tx_bytes", "link_rx_bytes"}
+    assert gone.isdisjoint(info.supported)
+    assert "nvlink_links" not in info.properties
+    nvml.calls.clear()
+    for _ in range(3):
+        (row,) = backend.sample("h")
+        for col in gone:
+            assert row[col] is None, col
+        assert row["power_avg_w"] == pytest.approx(98.0) and row["temp_c"] == 35.0
+    assert nvml.calls["nvmlDeviceGetFanSpeed"] == 0  # dropped at the probe: the loop stays cheap
+    assert backend.incidents == []
+
+
+def test_plain_call_fallbacks_when_a_driver_lacks_the_fields():
+    gpu = FakeGpu(power_avg_mw=250_000, energy_mj=3_000_000, reasons=fake_nvml.nvmlClocksEventReasonGpuIdle,
+                  unsupported={"NVML_FI_DEV_POWER_AVERAGE", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                               "NVML_FI_DEV_POWER_CURRENT_LIMIT", "nvmlDeviceGetCurrentClocksEventReasons",
+                               "nvmlDeviceGetTemperatureV"})
+    backend, _ = _backend(gpu)
+    (row,) = backend.sample("h")
+    assert row["power_avg_w"] == pytest.approx(250.0)
+    assert row["energy_j"] == pytest.approx(3000.0)
+    assert row["power_limit_w"] == pytest.approx(700.0)
+    assert row["throttle"] == Throttle.IDLE  # from the older ...ThrottleReasons call
+    assert row["temp_c"] == 35.0  # from the older nvmlDeviceGetTemperature
+
+
+@pytest.mark.parametrize(
+    ("mask", "expected"),
+    [
+        (0, Throttle(0)),
+        (0x001, Throttle.IDLE),
+        (0x002, Throttle.APP_CLOCKS),
+        (0x004 | 0x040, Throttle.POWER_CAP | Throttle.THERMAL_HW),
+        (0x008 | 0x010 | 0x020 | 0x080, Throttle.HW_SLOWDOWN | Throttle.SYNC_BOOST | Throttle.THERMAL_SW
+         | Throttle.POWER_BRAKE),
+        (0x100, Throttle.OTHER),  # display clock setting: no neutral equivalent
+        (0x200 | 0x004, Throttle.OTHER | Throttle.POWER_CAP),  # board limit is kept as OTHER, not dropped
+        (1 << 40, Throttle.OTHER),  # a reason a future driver adds
+    ],
+)
+def test_throttle_reasons_map_to_the_neutral_set(mask, expected):
+    assert throttle_from_nvml(mask) == expected
+    backend, _ = _backend(FakeGpu(reasons=mask))
+    assert backend.sample("h")[0]["throttle"] == expected
+
+
+def test_a_lost_gpu_gives_null_rows_and_one_incident():
+    backend, nvml = _backend(FakeGpu(), FakeGpu(uuid="GPU-1"))
+    backend.sample("h")
+    nvml.gpus[1].lost = True
+    for _ in range(10):
+        rows = backend.sample("h")
+        assert rows[0]["power_w"] == pytest.approx(100.0)
+        assert rows[1]["device"] == "gpu1"
+        assert all(rows[1][f] is None for f in TELEMETRY_FIELDS)
+    (inc,) = backend.incidents
+    assert inc.device == "gpu1" and "lost" in inc.what
+
+
+def test_a_gpu_failing_every_read_is_logged_once_and_recovers():
+    backend, nvml = _backend(FakeGpu())
+    nvml.gpus[0].failing = fake_nvml.NVML_ERROR_UNKNOWN
+    for _ in range(5):
+        (row,) = backend.sample("h")
+        assert row["power_w"] is None and row["throttle"] is None
+    assert len(backend.incidents) == 1 and "Unknown Error" in backend.incidents[0].what
+    nvml.gpus[0].failing = None
+    (row,) = backend.sample("h")
+    assert row["power_w"] == pytest.approx(100.0)
+    assert len(backend.incidents) == 2 and "again" in backend.incidents[1].what
+
+
+def test_sampler_keeps_going_when_a_gpu_is_lost(tmp_path):
+    backend, nvml = _backend(FakeGpu(), FakeGpu(uuid="GPU-1"))
+    sampler = Sampler(tmp_path / "run", backends=[backend], host="h", rate_hz=50, flush_s=0.1)
+    thread = threading.Thread(target=sampler.run)
+    thread.start()
+    time.sleep(0.25)
+    t_lost = time.time_ns()
+    nvml.gpus[1].lost = True
+    time.sleep(0.25)
+    sampler.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+    tel = read_telemetry(tmp_path / "run").to_pylist()
+    gpu0 = [r for r in tel if r["device"] == "gpu0"]
+    gpu1 = [r for r in tel if r["device"] == "gpu1"]
+    assert len(gpu0) == len(gpu1) >= 10  # the lost GPU keeps its rows; sampling did not stop
+    assert all(r["power_w"] == pytest.approx(100.0) for r in gpu0)
+    assert any(r["power_w"] is not None for r in gpu1 if r["t_ns"] < t_lost)
+    late = [r for r in gpu1 if r["t_ns"] > t_lost + 50_000_000]
+    assert late and all(r["power_w"] is None and r["temp_c"] is None for r in late)
+    meta = json.loads((tmp_path / "run/telemetry/h.meta.json").read_text())
+    assert [i["device"] for i in meta["incidents"]] == ["gpu1"]
+    assert meta["devices"][0]["supported"] == MEASURED and meta["software"]["nvidia_driver"] == "550.54.15"
+    assert nvml.calls["nvmlShutdown"] == 1  # the sampler closed the backend
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text and text.startswith("NVIDIA: ")
+    return text
+
+
+def test_missing_library_says_so_in_one_line(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # as if nvidia-ml-py were not installed
+    with pytest.raises(BackendUnavailable) as err:
+        NvidiaBackend()
+    assert "nvidia-ml-py is not installed" in _one_line(err.value)
+    assert "host counters only" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("nvml", "says"),
+    [
+        (FakeNvml(library_found=False), "no NVIDIA driver was found (NVML library not found)"),
+        (FakeNvml(init_error=fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED), "the NVIDIA driver is not loaded"),
+        (FakeNvml(gpus=[]), "driver 550.54.15 found but no NVIDIA GPU is visible"),
+    ],
+)
+def test_library_without_driver_or_gpus_says_what_was_found(nvml, says):
+    with pytest.raises(BackendUnavailable) as err:
+        NvidiaBackend(nvml=nvml)
+    assert says in _one_line(err.value)
+
+
+def test_real_nvidia_ml_py_on_this_machine_gives_one_clear_line():
+    try:
+        backend = NvidiaBackend()
+    except BackendUnavailable as exc:  # this CPU machine: the library is there, the driver is not
+        text = _one_line(exc)
+        assert "nvidia-ml-py is installed but" in text and "host counters only" in text
+        # Under `auto` it is a note, not an error; named explicitly it is the error.
+        backends, notes = open_backends("auto")
+        assert "nvidia" not in [b.name for b in backends] and text in notes
+        with pytest.raises(BackendUnavailable):
+            open_backends(["nvidia"])
+    else:  # a machine with an NVIDIA GPU and driver
+        assert backend.devices() and backend.sample("h")[0]["device"] == "gpu0"
+        backend.close()
