@@ -40,6 +40,7 @@ def _root(
 
 # Command modules register themselves on `app` when imported.
 from powertrain.cli import monitor as _monitor  # noqa: E402,F401
+from powertrain.cli import importer as _importer  # noqa: E402,F401
 from powertrain.cli import plan as _plan  # noqa: E402,F401
 from powertrain.cli import sweep as _sweep  # noqa: E402,F401
 from powertrain.cli import summarize as _summarize  # noqa: E402,F401

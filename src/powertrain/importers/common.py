@@ -54,7 +54,7 @@ class SourceFormatError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
-class ImportWarning_(UserWarning):  # noqa: N801 - a name that does not shadow the builtin ImportWarning
+class ImportWarning_(UserWarning):
     """A tolerated quirk of a source (kept data, but the user should know)."""
 
 
@@ -89,7 +89,7 @@ def telemetry_table(
     if unknown:
         raise ValueError(f"not telemetry fields: {sorted(unknown)}")
     cols: list[pa.Array] = [pa.array(t, type=pa.int64())]
-    for name, value in (("host", host), ("device", device)):
+    for value in (host, device):
         cols.append(pa.array([value] * n, pa.string()) if isinstance(value, str) else _masked(value, pa.string()))
     for name, typ in TELEMETRY_FIELDS.items():
         cols.append(_masked(fields[name], typ) if name in fields else pa.nulls(n, typ))
@@ -126,7 +126,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def open_text(path: Path):  # noqa: ANN201 - a text file object
+def open_text(path: Path):
     """Open a source as text, transparently un-gzipping ``*.gz``."""
     if path.suffix == ".gz":
         import gzip

@@ -112,7 +112,7 @@ def detect_power_events(
         ok = ~np.isnan(total)
         if ok.sum() < 10:
             continue
-        smooth = _running_median(np.where(ok, total, np.nan), max(1, int(round(1.0 / period_s))))
+        smooth = _running_median(np.where(ok, total, np.nan), max(1, round(1.0 / period_s)))
         idle = float(np.nanpercentile(smooth, 5))
         peak = float(np.nanmax(smooth))
         hi = smooth[smooth > 0.5 * (idle + peak)]
@@ -128,16 +128,11 @@ def detect_power_events(
         act = [r for r in runs if r[2]]
         if not act:
             continue
-        base = {"rank": DETECTED_RANK, "attrs": {}}
         n_dev = len(util) or None
 
-        def ev(kind: str, name: str, i0: int, i1: int, **attrs: Any) -> dict[str, Any]:
-            seg = total[i0:i1]
-            mean = float(np.nanmean(seg)) if np.isfinite(seg).any() else None
-            return {**base, "kind": kind, "name": name, "t_start_ns": int(tb[i0]),
-                    "t_end_ns": int(tb[min(i1, tb.size - 1)]),
-                    "attrs": {"host": host, "detector": "power_dip/1", "mean_power_w": mean,
-                              "busy_power_w": busy, "idle_power_w": idle, **attrs}}
+        def ev(kind: str, name: str, i0: int, i1: int, _ctx: tuple = (tb, total, host, busy, idle),
+               **attrs: Any) -> dict[str, Any]:
+            return _event(*_ctx, kind, name, i0, i1, **attrs)
 
         first, last = act[0], act[-1]
         out.append(ev("phase", "activity_start", max(first[0] - 1, 0), first[0] + 1))
@@ -165,6 +160,16 @@ def detect_power_events(
                 out.append(ev("phase", "power_dip", i0, i1, **attrs,
                               note="summed power fell to idle and recovered: stall, checkpoint or eval"))
     return out
+
+
+def _event(tb: np.ndarray, total: np.ndarray, host: str, busy: float, idle: float,
+           kind: str, name: str, i0: int, i1: int, **attrs: Any) -> dict[str, Any]:
+    seg = total[i0:i1]
+    mean = float(np.nanmean(seg)) if np.isfinite(seg).any() else None
+    return {"rank": DETECTED_RANK, "kind": kind, "name": name, "t_start_ns": int(tb[i0]),
+            "t_end_ns": int(tb[min(i1, tb.size - 1)]),
+            "attrs": {"host": host, "detector": "power_dip/1", "mean_power_w": mean,
+                      "busy_power_w": busy, "idle_power_w": idle, **attrs}}
 
 
 def _periodic(starts: list[int], lengths: list[int]) -> list[bool]:

@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, open_text, telemetry_table
+from powertrain.importers.common import (
+    RunBuilder,
+    SourceFormatError,
+    events_table,
+    open_text,
+    telemetry_table,
+)
 from powertrain.importers.energy import energy_between_j
 
 MARK = ":::MLLOG"
@@ -207,7 +213,7 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
                 prev_cum = cum
                 events.append({
                     "rank": 0, "kind": "step", "name": "train_step", "step": step,
-                    "t_start_ns": int(round((tms - timing * 1000.0) * ms)), "t_end_ns": tms * ms,
+                    "t_start_ns": round((tms - timing * 1000.0) * ms), "t_end_ns": tms * ms,
                     "window": "measured" if run_start <= tms <= run_stop else None,
                     "tokens": int(per_step) if per_step is not None and seq else None,
                     "samples": int(gbs) if gbs else None,

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, open_text, parse_float, resolve_zone, telemetry_table
+from powertrain.importers.common import (
+    RunBuilder,
+    SourceFormatError,
+    open_text,
+    parse_float,
+    resolve_zone,
+    telemetry_table,
+)
 
 COLUMNS: dict[str, tuple[str, float]] = {  # source column → (telemetry column, scale)
     "power_w": ("power_w", 1.0),

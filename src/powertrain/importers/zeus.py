@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, open_text, resolve_zone, telemetry_table
+from powertrain.importers.common import (
+    RunBuilder,
+    SourceFormatError,
+    events_table,
+    open_text,
+    resolve_zone,
+    telemetry_table,
+)
 
 EPOCH_2001_S = 978_307_200
 

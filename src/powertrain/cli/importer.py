@@ -1,0 +1,86 @@
+"""``powertrain import KIND SOURCE... --out RUN_DIR``: other tools' records → a run directory."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from powertrain.cli import app
+
+KIND_HELP = (
+    "Format of the sources: nvsmi (nvidia-smi --query-gpu CSV), mlperf (MLLOG power/result logs or "
+    "a submission run folder), zeus (Zeus window/power CSV, Perseus .prof.json), powertraces "
+    "(long per-GPU CSV), study_csv (<metric>_<rank>.csv files or their folder), framework_log "
+    "(Megatron-LM, torchtitan, NeMo step lines), kineto (PyTorch profiler traces), or auto."
+)
+
+
+@app.command("import")
+def import_cmd(
+    kind: str = typer.Argument(..., help=KIND_HELP, metavar="KIND"),
+    sources: list[Path] = typer.Argument(..., help="Files or folders to read (.gz is fine).", metavar="SOURCE..."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory to create (must not exist or be empty)."),
+    tz: str | None = typer.Option(
+        None, "--tz", help="Time zone of local-time stamps in the sources (IANA name, UTC, +HH:MM). "
+        "Default: this machine's zone; recorded in run.json."),
+    gpus: int | None = typer.Option(
+        None, "--gpus", help="nvsmi without an index/uuid column: GPUs per sample (default: inferred)."),
+    host: list[str] | None = typer.Option(
+        None, "--host", help="nvsmi: host name for each file, in order (default node0, node1, ...)."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="study_csv: ranks per node (rank → node, slot)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="framework_log: sequence length, to count tokens."),
+    detect: bool = typer.Option(True, "--detect/--no-detect",
+                                help="Find checkpoint dips, stalls and the end of activity in GPU power."),
+    name: str | None = typer.Option(None, "--name", help="Run name stored in run.json (default: folder name)."),
+) -> None:
+    """Import GPU logs, MLPerf power logs, Zeus/Perseus outputs, training logs or profiler traces.
+
+    The run directory holds telemetry/*.parquet, events/*.parquet and run.json (provenance: every source with its sha256, what was mapped to which column, what was dropped). It is written atomically: after an error nothing is left behind.
+
+    Examples:
+
+      powertrain import nvsmi gpu.csv --out runs/old1 --tz Europe/Berlin
+
+      powertrain import mlperf results/gpt3/ --out runs/mlperf-gpt3
+
+      powertrain import auto gpu.csv train.log --out runs/joined
+    """
+    from powertrain.importers import SourceFormatError, build
+    from powertrain.importers.common import ImportWarning_
+
+    err = Console(stderr=True, highlight=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ImportWarning_)
+        try:
+            builder = build(kind, sources, tz=tz, gpus=gpus, hosts=host or None, gpus_per_node=gpus_per_node,
+                            seq_len=seq_len, detect_events=detect, name=name)
+            run_dir = builder.write(out)
+        except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError) as exc:
+            err.print(f"[red]error: {exc}[/red]", soft_wrap=True)
+            raise typer.Exit(2) from None
+    for w in caught:
+        if issubclass(w.category, ImportWarning_):
+            err.print(f"[yellow]warning: {w.message}[/yellow]", soft_wrap=True)
+    tel = builder.telemetry()
+    ev = builder.events()
+    devices = {(h, d) for h, d in zip(tel.column("host").to_pylist(), tel.column("device").to_pylist(), strict=True)} \
+        if tel.num_rows else set()
+    typer.echo(f"imported {len(builder.sources)} source(s) as {builder.format} → {run_dir}")
+    typer.echo(f"  telemetry: {tel.num_rows} rows, {len({h for h, _ in devices})} host(s), {len(devices)} device(s)")
+    kinds: dict[str, int] = {}
+    for k in ev.column("kind").to_pylist() if ev.num_rows else []:
+        kinds[k] = kinds.get(k, 0) + 1
+    typer.echo(f"  events: {ev.num_rows} rows" + (f" ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))})" if kinds else ""))
+    det = builder.info.get("detected_events")
+    if det:
+        typer.echo(f"  detected events: {len(det)} (" + ", ".join(sorted({d['name'] for d in det})) + ")")
+    ml = builder.info.get("mlperf") or {}
+    if ml.get("energy_run_kwh") is not None:
+        rep = ml.get("reported_energy_kwh")
+        extra = f" (submitter: {rep} kWh, {100 * ml['energy_vs_reported_rel']:+.3f}%)" if rep else ""
+        typer.echo(f"  energy run_start→run_stop: {ml['energy_run_kwh']:.2f} kWh{extra}")
+    if builder.dropped:
+        typer.echo(f"  not imported: {len(builder.dropped)} item(s), listed in run.json import.dropped")

@@ -1,0 +1,137 @@
+"""Importers: other tools' records → standard run directories (one module per format).
+
+::
+
+    from powertrain.importers import import_sources
+    run_dir = import_sources("nvsmi", ["gpu.csv"], out="runs/old1", tz="Europe/Berlin")
+
+Kinds: ``nvsmi`` (nvidia-smi CSV), ``mlperf`` (MLLOG power + result logs), ``zeus`` (Zeus windows /
+power samples, Perseus profiles), ``powertraces`` (long per-GPU CSV), ``study_csv`` (the study's
+``<metric>_<rank>.csv``), ``framework_log`` (Megatron-LM / torchtitan / NeMo step lines),
+``kineto`` (PyTorch profiler traces), or ``auto`` (per source, see
+:func:`powertrain.importers.detect.detect_kind`). Several sources of different kinds (e.g. an
+nvidia-smi log and the training log of the same job) are joined into one run directory.
+
+Every importer raises :class:`SourceFormatError` (file, line, problem) on malformed input and writes
+nothing; the run directory appears complete or not at all (:class:`RunBuilder`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from powertrain.importers.common import RunBuilder, SourceFormatError, events_table
+from powertrain.importers.detect import detect_kind
+
+KINDS = ("nvsmi", "mlperf", "zeus", "powertraces", "study_csv", "framework_log", "kineto")
+# Kinds whose telemetry may hide checkpoint dips / stalls worth detecting when no step log came along.
+_TELEMETRY_KINDS = ("nvsmi", "powertraces", "study_csv")
+
+
+def _importer(kind: str) -> Callable[..., RunBuilder]:
+    if kind == "nvsmi":
+        from powertrain.importers.nvsmi import import_nvsmi as f
+    elif kind == "mlperf":
+        from powertrain.importers.mlperf import import_mlperf as f
+    elif kind == "zeus":
+        from powertrain.importers.zeus import import_zeus as f
+    elif kind == "powertraces":
+        from powertrain.importers.powertraces import import_powertraces as f
+    elif kind == "study_csv":
+        from powertrain.importers.study_csv import import_study_csv as f
+    elif kind == "framework_log":
+        from powertrain.importers.framework_logs import import_framework_log as f
+    elif kind == "kineto":
+        from powertrain.importers.kineto import import_kineto as f
+    else:
+        raise ValueError(f"unknown import kind {kind!r}; choose one of: auto, {', '.join(KINDS)}")
+    return f
+
+
+_OPTIONS = {  # which keyword options each importer takes
+    "nvsmi": ("tz", "gpus", "hosts"),
+    "mlperf": (),
+    "zeus": ("tz",),
+    "powertraces": ("tz",),
+    "study_csv": ("gpus_per_node",),
+    "framework_log": ("tz", "seq_len", "anchor_ns"),
+    "kineto": (),
+}
+
+
+def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[str, list[Path]]:
+    """Sources per kind; for ``auto`` each source is detected, and an undetectable one is an error."""
+    paths = [Path(s) for s in sources]
+    for p in paths:
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    if kind != "auto":
+        _importer(kind)
+        return {kind: paths}
+    groups: dict[str, list[Path]] = {}
+    for p in paths:
+        k = detect_kind(p)
+        if k is None:
+            raise SourceFormatError(p, None, "cannot tell which format this is; name it: "
+                                             f"powertrain import KIND ... with KIND one of {', '.join(KINDS)}")
+        groups.setdefault(k, []).append(p)
+    return groups
+
+
+def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events: bool = True,
+          name: str | None = None, **options: Any) -> RunBuilder:
+    """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
+    groups = group_sources(kind, sources)
+    builders = []
+    for k, paths in groups.items():
+        opts = {o: v for o, v in options.items() if o in _OPTIONS[k] and v is not None}
+        builders.append(_importer(k)(paths, name=name, **opts))
+    b = merge(builders) if len(builders) > 1 else builders[0]
+    if detect_events and any(k in _TELEMETRY_KINDS for k in groups):
+        add_detected_events(b)
+    return b
+
+
+def import_sources(kind: str, sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                   **options: Any) -> Path:
+    """Import ``sources`` of ``kind`` (or ``auto``) into the run directory ``out``; returns its path."""
+    return build(kind, sources, **options).write(out)
+
+
+def merge(builders: Sequence[RunBuilder]) -> RunBuilder:
+    """Join several imports of one job (e.g. telemetry + step log) into one run."""
+    m = RunBuilder(format="+".join(b.format for b in builders), name=builders[0].name)
+    for b in builders:
+        m.sources += b.sources
+        m.mapped.update({f"{b.format}: {k}": v for k, v in b.mapped.items()})
+        m.dropped += [f"{b.format}: {d}" for d in b.dropped]
+        m.warnings += b.warnings
+        m.devices += b.devices
+        for k, v in b.info.items():
+            m.info.setdefault(k, v)
+        m.add_telemetry(b.telemetry())
+        m.add_events(b.events())
+    return m
+
+
+def add_detected_events(b: RunBuilder) -> None:
+    """Run the power-timeline detector (checkpoint dips, stalls, end of activity) when there is no
+    step log; events go on the pseudo-rank ``-1`` and into ``run.json["detected_events"]``."""
+    from powertrain.importers.detect_events import DETECTED_RANK, detect_power_events, summarize
+
+    ev = b.events()
+    if ev.num_rows and "step" in set(ev.column("kind").to_pylist()):
+        b.info["detected_events"] = []
+        b.info["detected_events_note"] = "not run: the import has a step log"
+        return
+    found = detect_power_events(b.telemetry())
+    b.add_events(events_table(found))
+    b.info["detected_events"] = summarize(found)
+    b.info["detected_events_rank"] = DETECTED_RANK
+    b.info["detected_events_method"] = "powertrain.importers.detect_events (summed host power dips)"
+
+
+__all__ = ["KINDS", "RunBuilder", "SourceFormatError", "build", "detect_kind", "import_sources", "merge"]

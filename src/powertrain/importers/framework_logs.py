@@ -1,0 +1,262 @@
+"""Training logs of popular engines → ``step`` events (one parser per engine, sniffed per file).
+
+* **Megatron-LM** ``iteration N/M | consumed samples: … | elapsed time per iteration (ms): … |
+  throughput per GPU (TFLOP/s/GPU): … | global batch size: … | lm loss: … |`` (optionally prefixed
+  by ``[YYYY-MM-DD HH:MM:SS]``). A line reports the *average* over the iterations since the previous
+  line (``--log-interval``). A line covering one iteration becomes a ``step`` event; a line covering
+  ``k > 1`` iterations becomes a ``phase`` event ``train_interval`` with ``attrs.iterations = k`` and
+  ``attrs.step_time_s`` = the reported average: per-step positions are not in the log, and
+  inventing them would fake the step-time spread.
+* **torchtitan** ``[titan] 2025-01-01 12:00:00,123 - root - INFO - step: 10  loss: 7.1  memory:
+  30.12GiB(38.1%)  tps: 6,123  tflops: 123.4  mfu: 39.6%`` (ANSI colours stripped). The window of a
+  line runs from the previous line's time; same one-step / interval rule as Megatron. ``memory`` is
+  the peak reserved memory (→ ``mem_peak_bytes``), ``tps`` tokens/s per GPU.
+* **NeMo / Lightning** progress bars ``global_step=49.0, …, train_step_timing in s=2.54`` (tqdm,
+  ``\\r``-separated). Each distinct ``global_step`` is one ``step`` event of the given duration. The
+  bars carry no wall-clock time: steps are placed back to back from ``anchor_ns`` (default 0, i.e.
+  relative time, flagged in ``run.json``).
+* **MLPerf** result logs: ``tracked_stats`` via :mod:`powertrain.importers.mlperf`.
+
+Times in logs are local wall-clock of the logging machine (``tz``). A ``[rankN]:`` prefix sets the
+rank; otherwise events go to rank 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, open_text, resolve_zone
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RANK = re.compile(r"^\s*\[rank(\d+)\]:\s?")
+_MEG_TS = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})\]")
+_TITAN_TS = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+_TITAN_FIELDS = re.compile(
+    r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>[-+0-9.eEnaNif]+)"
+    r"(?:.*?memory:\s*(?P<mem>[0-9.]+)\s*GiB)?"
+    r"(?:.*?tps:\s*(?P<tps>[0-9,]+))?"
+    r"(?:.*?tflops:\s*(?P<tflops>[0-9,.]+))?"
+    r"(?:.*?mfu:\s*(?P<mfu>[0-9.]+)%)?"
+)
+_NEMO_STEP = re.compile(r"global_step=([0-9.]+)")
+_NEMO_TIMING = re.compile(r"train_step_timing in s=([0-9.eE+-]+)")
+_NEMO_LOSS = re.compile(r"reduced_train_loss=([0-9.eE+-]+)")
+_NEMO_SAMPLES = re.compile(r"consumed_samples=([0-9.eE+-]+)")
+
+
+def sniff(path: Path) -> str | None:
+    """``megatron`` | ``torchtitan`` | ``nemo`` | ``mlperf`` | ``None`` from the first 2 MB."""
+    with open_text(path) as f:
+        head = f.read(2_000_000)
+    if ":::MLLOG" in head and "run_start" in head:
+        return "mlperf"
+    if "elapsed time per iteration (ms)" in head:
+        return "megatron"
+    if "train_step_timing in s=" in head:
+        return "nemo"
+    if re.search(r"step:\s*\d+\s+loss:", _ANSI.sub("", head)):
+        return "torchtitan"
+    return None
+
+
+def _ts(text: str, tz: dt.tzinfo, frac: str | None = None) -> int:
+    d = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=tz)
+    ns = int(((frac or "") + "000000000")[:9])
+    return int(d.timestamp()) * 1_000_000_000 + ns
+
+
+def _interval_event(rank: int, step: int, k: int, t_end: int, dur_ns: int, **cols: Any) -> dict[str, Any]:
+    attrs = cols.pop("attrs", {})
+    if k == 1:
+        return {"rank": rank, "kind": "step", "name": "train_step", "step": step, "t_start_ns": t_end - dur_ns,
+                "t_end_ns": t_end, **cols, "attrs": attrs}
+    return {"rank": rank, "kind": "phase", "name": "train_interval", "step": step, "t_start_ns": t_end - dur_ns,
+            "t_end_ns": t_end, **cols, "attrs": {**attrs, "iterations": k, "first_step": step - k + 1}}
+
+
+def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None, anchor_ns: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    prev_iter = 0
+    t_rel = anchor_ns
+    timed = None
+    with open_text(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            if "elapsed time per iteration (ms)" not in raw:
+                continue
+            line = _ANSI.sub("", raw)
+            rank = int(m.group(1)) if (m := _RANK.match(line)) else 0
+            fields: dict[str, str] = {}
+            for part in line.split("|"):
+                if "iteration" in part and "/" in part and "elapsed" not in part:
+                    m_it = re.search(r"iteration\s+(\d+)\s*/\s*(\d+)", part)
+                    if m_it:
+                        fields["iteration"] = m_it.group(1)
+                elif ":" in part:
+                    k, _, v = part.rpartition(":")
+                    fields[k.strip().lower()] = v.strip()
+            try:
+                it = int(fields["iteration"])
+                ms = float(fields["elapsed time per iteration (ms)"])
+            except (KeyError, ValueError):
+                raise SourceFormatError(path, lineno, "Megatron iteration line without a readable "
+                                                      "'iteration N/M' or 'elapsed time per iteration (ms)'") from None
+            k = max(it - prev_iter, 1)
+            prev_iter = it
+            ts = _MEG_TS.search(line)
+            if timed is None:
+                timed = ts is not None
+            dur = round(ms * 1e6 * k)
+            if ts:
+                t_end = _ts(ts.group(1), tz)
+            else:
+                t_rel += dur
+                t_end = t_rel
+            gbs = _num(fields.get("global batch size"))
+            loss = _num(fields.get("lm loss"))
+            attrs = {"step_time_s": ms / 1000.0, "tflops_per_gpu": _num(fields.get("throughput per gpu (tflop/s/gpu)")),
+                     "learning_rate": _num(fields.get("learning rate")), "grad_norm": _num(fields.get("grad norm")),
+                     "consumed_samples": _num(fields.get("consumed samples")), "source_line": lineno}
+            samples = int(gbs * k) if gbs else None
+            events.append(_interval_event(rank, it, k, t_end, dur, loss=loss, samples=samples,
+                                          tokens=samples * seq_len if samples and seq_len else None,
+                                          window=None, attrs={k2: v for k2, v in attrs.items() if v is not None}))
+    if not events:
+        raise SourceFormatError(path, None, "no Megatron iteration lines found")
+    b.mapped.update({"Megatron elapsed time per iteration (ms)": "step duration (× iterations in the line)",
+                     "Megatron lm loss": "events.loss", "Megatron global batch size": "events.samples",
+                     "Megatron throughput per GPU (TFLOP/s/GPU)": "attrs.tflops_per_gpu"})
+    if not timed:
+        _relative(b, path)
+    if seq_len is None:
+        b.drop("Megatron tokens: the log has no sequence length; pass seq_len to fill events.tokens")
+    return events
+
+
+def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    prev: tuple[int, int] | None = None
+    with open_text(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            if "step:" not in raw or "loss:" not in raw:
+                continue
+            line = _ANSI.sub("", raw)
+            m = _TITAN_FIELDS.search(line)
+            if not m:
+                continue
+            ts = _TITAN_TS.search(line)
+            if not ts:
+                raise SourceFormatError(path, lineno, "torchtitan step line without a timestamp "
+                                                      "(expected '[titan] YYYY-MM-DD HH:MM:SS,mmm - ...')")
+            rank = int(r.group(1)) if (r := _RANK.match(line)) else 0
+            t = _ts(ts.group(1), tz, ts.group(2))
+            step = int(m.group("step"))
+            if prev is None:
+                prev = (step, t)
+                b.drop(f"{path.name}: first logged step {step}: no earlier line to start its window")
+                continue
+            k = step - prev[0]
+            if k <= 0:
+                raise SourceFormatError(path, lineno, f"step {step} does not follow step {prev[0]}")
+            mem = _num(m.group("mem"))
+            attrs = {"tps_per_gpu": _num(m.group("tps")), "tflops_per_gpu": _num(m.group("tflops")),
+                     "mfu_pct": _num(m.group("mfu")), "source_line": lineno}
+            events.append(_interval_event(rank, step, k, t, t - prev[1], loss=_num(m.group("loss")),
+                                          mem_peak_bytes=int(mem * (1 << 30)) if mem is not None else None,
+                                          attrs={a: v for a, v in attrs.items() if v is not None}))
+            prev = (step, t)
+    if not events:
+        raise SourceFormatError(path, None, "fewer than two torchtitan step lines: no step window can be formed")
+    b.mapped.update({"torchtitan step/loss": "events step (window = previous line to this one)",
+                     "torchtitan memory (GiB, max reserved)": "events.mem_peak_bytes",
+                     "torchtitan tps/tflops/mfu": "attrs.tps_per_gpu / tflops_per_gpu / mfu_pct"})
+    return events
+
+
+def parse_nemo(path: Path, b: RunBuilder, anchor_ns: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    t = anchor_ns
+    with open_text(path) as f:
+        text = f.read()
+    lineno = 1
+    for chunk in re.split(r"(\r|\n)", text):
+        if chunk == "\n":
+            lineno += 1
+            continue
+        if "train_step_timing in s=" not in chunk:
+            continue
+        ms, mt = _NEMO_STEP.search(chunk), _NEMO_TIMING.search(chunk)
+        if not ms or not mt:
+            raise SourceFormatError(path, lineno, "progress line with train_step_timing but no global_step")
+        step = int(float(ms.group(1)))
+        if step in seen:
+            continue
+        seen.add(step)
+        dur = round(float(mt.group(1)) * 1e9)
+        loss = _NEMO_LOSS.search(chunk)
+        samples = _NEMO_SAMPLES.search(chunk)
+        events.append({"rank": 0, "kind": "step", "name": "train_step", "step": step, "t_start_ns": t,
+                       "t_end_ns": t + dur, "loss": float(loss.group(1)) if loss else None,
+                       "attrs": {"train_step_timing_s": dur / 1e9, "source_line": lineno,
+                                 "consumed_samples": float(samples.group(1)) if samples else None}})
+        t += dur
+    if not events:
+        raise SourceFormatError(path, None, "no NeMo/Lightning progress line with train_step_timing")
+    b.mapped["NeMo train_step_timing in s"] = "events step, back to back"
+    _relative(b, path)
+    return events
+
+
+def _relative(b: RunBuilder, path: Path) -> None:
+    b.info["time_origin"] = "the log has no wall-clock times: steps are placed back to back from the anchor (default t = 0)"
+    b.warn(f"{path}: no wall-clock times in the log; step times are relative (pass an anchor to place them)")
+
+
+def _num(v: str | None) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def import_framework_log(
+    paths: Sequence[str | Path],
+    tz: str | None = None,
+    seq_len: int | None = None,
+    anchor_ns: int = 0,
+    name: str | None = None,
+) -> RunBuilder:
+    """Import training logs (engine sniffed per file) as step events."""
+    tzinfo, tzname = resolve_zone(tz)
+    b = RunBuilder(format="framework_log", name=name)
+    b.info["import_timezone"] = {"zone": tzname, "note": "log times are local wall-clock"}
+    events: list[dict[str, Any]] = []
+    engines = []
+    for p in map(Path, paths):
+        engine = sniff(p)
+        if engine is None:
+            raise SourceFormatError(p, None, "no Megatron iteration line, torchtitan step line, NeMo "
+                                             "train_step_timing or MLPerf :::MLLOG run found")
+        b.add_source(p, role=f"{engine} log")
+        engines.append(engine)
+        if engine == "megatron":
+            events += parse_megatron(p, b, tzinfo, seq_len, anchor_ns)
+        elif engine == "torchtitan":
+            events += parse_torchtitan(p, b, tzinfo)
+        elif engine == "nemo":
+            events += parse_nemo(p, b, anchor_ns)
+        else:
+            from powertrain.importers.mlperf import read_result_log
+
+            ev, facts = read_result_log(p, b)
+            events += ev
+            b.info["mlperf"] = {k: facts.get(k) for k in ("run_start_ms", "run_stop_ms", "status", "train_steps")}
+    b.info["engines"] = engines
+    b.add_events(events_table(events))
+    return b
