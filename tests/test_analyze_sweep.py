@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow.parquet as pq
 import pytest
 
 from powertrain.analyze import is_sweep_dir, summarize_sweep, synthetic
-from powertrain.store.rundir import RunDir
-
-
-def make_sweep(root):
-    root.mkdir()
-    synthetic.write_run(root / "tp1pp1", hosts=1, devices_per_host=2, steps=2, base_w=400.0)
-    synthetic.write_run(root / "tp2pp1", hosts=1, devices_per_host=2, steps=2, base_w=450.0, layout={"tp": 2})
-    synthetic.write_run(root / "oom", hosts=1, devices_per_host=2, steps=2, status="failed",
-                        reason="command exited with code 1")
-    (RunDir(root / "oom").logs_dir / "rank-0.stderr").write_text(
-        "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB\n")
-    synthetic.write_run(root / "crash", hosts=1, devices_per_host=2, steps=2, status="failed",
-                        reason="command killed by SIGSEGV")
-    (root / "sweep.json").write_text(json.dumps({"name": "demo", "runs": [
-        {"id": "tp1pp1", "status": "ok", "variant": "base", "axes": {"tp": 1}},
-        {"id": "tp2pp1", "status": "ok", "variant": "base", "axes": {"tp": 2}},
-        {"id": "oom", "status": "failed", "variant": "base", "axes": {"tp": 4}},
-        {"id": "crash", "status": "failed", "variant": "base", "axes": {"tp": 8}},
-        {"id": "bad-heads", "status": "rejected", "reason": "heads (8) % tp (3) != 0",
-         "config": {"model": "gpt3-tiny", "layout": {"tp": 3}}, "axes": {"tp": 3}},
-        {"id": "later", "status": "not-run", "config": {"model": "gpt3-tiny"}, "axes": {"tp": 16}},
-    ]}))
-    return root
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    return make_sweep(tmp_path_factory.mktemp("sw") / "sweep")
+    return synthetic.write_sweep(tmp_path_factory.mktemp("sw") / "sweep")
 
 
 def test_sweep_table_statuses_and_knobs(sweep):

@@ -111,7 +111,7 @@ def format_value(name: str, value: object) -> str:
     unit = unit_of(name)
     v = float(value)
     if unit == "" and ("share" in name or name in ("mfu", "hfu")):
-        return f"{100 * v:.1f} %"
+        return f"{100 * v:.3g} %"
     if unit == "B":
         for scale, suffix in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
             if abs(v) >= scale:

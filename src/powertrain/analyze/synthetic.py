@@ -206,3 +206,30 @@ def write_run(
         "sampler": {"rate_hz": rate_hz},
     })
     return run.path
+
+
+def write_sweep(root: str | Path) -> Path:
+    """A small synthetic sweep folder: two ok runs, an OOM (said so in its log), a segfault, and
+    ``sweep.json`` entries for a rejected and a not-run configuration."""
+    import json
+
+    root = Path(root)
+    root.mkdir(parents=True)
+    write_run(root / "tp1pp1", hosts=1, devices_per_host=2, steps=2, base_w=400.0)
+    write_run(root / "tp2pp1", hosts=1, devices_per_host=2, steps=2, base_w=450.0, layout={"tp": 2})
+    write_run(root / "oom", hosts=1, devices_per_host=2, steps=2, status="failed",
+              reason="command exited with code 1")
+    (RunDir(root / "oom").logs_dir / "rank-0.stderr").write_text(
+        "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB\n")
+    write_run(root / "crash", hosts=1, devices_per_host=2, steps=2, status="failed",
+              reason="command killed by SIGSEGV")
+    (root / "sweep.json").write_text(json.dumps({"name": "demo", "synthetic": True, "runs": [
+        {"id": "tp1pp1", "status": "ok", "variant": "base", "axes": {"tp": 1}},
+        {"id": "tp2pp1", "status": "ok", "variant": "base", "axes": {"tp": 2}},
+        {"id": "oom", "status": "failed", "variant": "base", "axes": {"tp": 4}},
+        {"id": "crash", "status": "failed", "variant": "base", "axes": {"tp": 8}},
+        {"id": "bad-heads", "status": "rejected", "reason": "heads (8) % tp (3) != 0",
+         "config": {"model": "gpt3-tiny", "layout": {"tp": 3}}, "axes": {"tp": 3}},
+        {"id": "later", "status": "not-run", "config": {"model": "gpt3-tiny"}, "axes": {"tp": 16}},
+    ]}))
+    return root

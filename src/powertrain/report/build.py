@@ -1,0 +1,451 @@
+"""Build the report of a run or a sweep: figures as PNG/SVG/PDF and one self-contained HTML page.
+
+The HTML embeds every figure as a ``data:image/png;base64`` URI and its style inline, so the page
+opens from a mail attachment or an air-gapped machine with no network. ``figures/`` next to it holds
+the same figures as PNG, SVG and PDF for papers and slides.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow.compute as pc
+
+from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep
+from powertrain.analyze import steps as steps_mod
+from powertrain.analyze import telemetry as tel
+from powertrain.analyze.metrics import METRICS
+from powertrain.report import figures as F
+from powertrain.store.rundir import RunDir
+from powertrain.store.tables import read_events
+
+TIMELINE_FIELDS = ("power_w", "temp_c", "clock_sm_mhz", "util_pct", "cpu_util_pct", "mem_used_bytes",
+                   "cgroup_mem_bytes")
+MAX_POINTS_PER_DEVICE = 1500
+MAX_TIMELINE_DEVICES = 32
+FORMATS = ("png", "svg", "pdf")
+
+
+class Report:
+    """Collects sections (HTML fragments and figures) and writes the page and figure files."""
+
+    def __init__(self, out: Path, title: str, formats: tuple[str, ...] = FORMATS) -> None:
+        self.out = out
+        self.title = title
+        self.formats = formats
+        self.parts: list[str] = []
+        self.figures: list[Path] = []
+        (out / "figures").mkdir(parents=True, exist_ok=True)
+
+    def h(self, text: str, level: int = 2) -> None:
+        self.parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
+
+    def p(self, text: str, cls: str = "") -> None:
+        self.parts.append(f'<p class="{cls}">{html.escape(text)}</p>')
+
+    def raw(self, fragment: str) -> None:
+        self.parts.append(fragment)
+
+    def figure(self, name: str, make: Callable[[], Any], caption: str) -> None:
+        import matplotlib.pyplot as plt
+
+        fig = make()
+        try:
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110)
+            png = buf.getvalue()
+            for fmt in self.formats:
+                path = self.out / "figures" / f"{name}.{fmt}"
+                if fmt == "png":
+                    path.write_bytes(png)
+                else:
+                    fig.savefig(path, format=fmt)
+                self.figures.append(path)
+        finally:
+            plt.close(fig)
+        data = base64.b64encode(png).decode()
+        self.parts.append(
+            f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(caption)}" '
+            f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+    def table(self, header: list[str], rows: list[list[Any]], cls: str = "") -> None:
+        head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, _Html) else html.escape(str(c))}</td>"
+                                        for c in r) + "</tr>" for r in rows)
+        self.parts.append(f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+    def write(self) -> Path:
+        page = _PAGE.format(title=html.escape(self.title), body="\n".join(self.parts),
+                            generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+        path = self.out / "report.html"
+        tmp = path.with_suffix(".html.tmp")
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+
+class _Html(str):
+    """A table cell that is already HTML."""
+
+
+def _status_badge(status: str) -> _Html:
+    colour, text = F.STATUS_STYLE.get(status, ("#000", status))
+    return _Html(f'<span class="badge" style="background:{colour}">{html.escape(text)}</span>')
+
+
+def _metrics_table(rep: Report, summ: dict[str, Any]) -> None:
+    metrics = summ.get("metrics") or {}
+    why = summ.get("why_null") or {}
+    rows = []
+    for m in METRICS:
+        if m.name not in metrics:
+            continue
+        v = metrics[m.name]
+        if m.name.startswith("throttle_share_") and not v:
+            continue  # reasons that never occurred (0) or were not measured (listed under throttle_share)
+        rows.append([m.name, format_value(m.name, v), m.text if v is not None else f"null: {why.get(m.name, '')}"])
+    rep.table(["metric", "value", "definition / why null"], rows, cls="metrics")
+
+
+# ---------------------------------------------------------------------------------------------------
+# run view
+
+
+def _step_spans(events: Any, t0: int) -> list[tuple[float, float, str]]:
+    st = events.filter(pc.equal(events["kind"], "step"))
+    spans: dict[tuple[int, str], list[int]] = {}
+    for s, w, a, b in zip(st["step"].to_pylist(), st["window"].to_pylist(), st["t_start_ns"].to_pylist(),
+                          st["t_end_ns"].to_pylist(), strict=True):
+        if s is None:
+            continue
+        k = (s, w or "")
+        cur = spans.setdefault(k, [a, b])
+        cur[0], cur[1] = min(cur[0], a), max(cur[1], b)
+    return [((a - t0) / 1e9, (b - t0) / 1e9, w) for (_, w), (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])]
+
+
+def _timeline_series(run_path: Path, fields_supported: list[str]) -> tuple[dict[str, Any], dict[str, str], int]:
+    con = duckdb.connect()
+    try:
+        n = tel.open_telemetry(con, run_path)
+        sp = tel.span(con)
+        if not n or sp is None:
+            return {}, {f: "no telemetry was written" for f in ("power_w", "temp_c", "clock_sm_mhz")}, 0
+        t0, t1 = sp
+        bucket = max((t1 - t0) // MAX_POINTS_PER_DEVICE, 1)
+        counts = con.execute("SELECT " + ", ".join(f"count({f})" for f in TIMELINE_FIELDS) + " FROM tel").fetchall()[0]
+        present = [f for f, c in zip(TIMELINE_FIELDS, counts, strict=True) if c]
+        series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        if present:
+            q = (f"SELECT host, device, (t_ns - {t0}) // {bucket} AS b, "
+                 + ", ".join(f"avg({f}) AS {f}" for f in present)
+                 + " FROM tel GROUP BY host, device, b ORDER BY host, device, b")
+            t = con.sql(q).to_arrow_table()
+            keys = sorted(set(zip(t["host"].to_pylist(), t["device"].to_pylist(), strict=True)))
+            hosts = t["host"].to_numpy(zero_copy_only=False)
+            devs = t["device"].to_numpy(zero_copy_only=False)
+            secs = t["b"].to_numpy() * bucket / 1e9
+            for f in present:
+                vals = t[f].to_numpy(zero_copy_only=False).astype(float)
+                for h, d in keys[:MAX_TIMELINE_DEVICES]:
+                    sel = (hosts == h) & (devs == d) & ~np.isnan(vals)
+                    if sel.any():
+                        label = d if len({k[0] for k in keys}) == 1 else f"{h}/{d}"
+                        series.setdefault(f, {})[label] = (secs[sel], vals[sel])
+        missing = {}
+        for f, why in (("power_w", "no power sensor on these devices"),
+                       ("temp_c", "no temperature sensor on these devices"),
+                       ("clock_sm_mhz", "no SM clock reading on these devices")):
+            if f not in series:
+                missing[f] = why + ("" if f not in fields_supported else " in this window")
+        return series, missing, t0
+    finally:
+        con.close()
+
+
+def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    summ = load_summary(path)
+    run = RunDir(path)
+    info = run.read()
+    name = summ.get("run") or path.name
+    pred = summ.get("kind") == "prediction"
+    rep = Report(out, f"powertrain report — {name}" + (" (PREDICTION)" if pred else ""), formats)
+    rep.h(f"Run {name}", 1)
+    if pred:
+        rep.raw('<div class="banner">PREDICTION — these numbers come from the analytical model, not from a '
+                'measurement.</div>')
+    if info.get("synthetic"):
+        rep.raw('<div class="banner synthetic">SYNTHETIC run: generated by '
+                f'{html.escape(str(info.get("generator")))}, not measured.</div>')
+    cfg = summ.get("config") or {}
+    rep.table(["status", "reason", "model", "layout", "knobs", "hardware", "window"], [[
+        _status_badge(summ.get("status") or "failed"), summ.get("reason") or "",
+        json.dumps(cfg.get("model")) if isinstance(cfg.get("model"), dict) else (cfg.get("model") or "—"),
+        json.dumps(cfg.get("layout") or {}), json.dumps(cfg.get("knobs") or {}), json.dumps(cfg.get("hardware") or {}),
+        f"{(summ.get('window') or {}).get('seconds', 0):.2f} s, {(summ.get('window') or {}).get('measured_steps', 0)}"
+        f" measured steps ({(summ.get('window') or {}).get('source', '')})",
+    ]], cls="info")
+    for note in summ.get("notes") or []:
+        rep.p(note, "note")
+    rep.h("Metrics")
+    _metrics_table(rep, summ)
+    if pred:
+        return rep.write()
+
+    events = read_events(path)
+    series, missing, t0 = _timeline_series(path, info.get("fields_supported") or [])
+    spans = _step_spans(events, t0) if events.num_rows and t0 else []
+    rep.h("Timelines")
+    if series or missing:
+        rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device"),
+                   "Telemetry per device; shaded: step windows (green measured, orange warm-up). Fields this "
+                   "machine cannot measure are listed, not drawn as zeros.")
+    sd = steps_mod.measured_steps(events, info.get("rank_map"))
+    rep.h("Step time")
+    if sd is not None:
+        rep.figure("step_time", lambda: F.step_distribution(sd.step_time_s, sd.rank_step_s, sd.ranks,
+                                                            f"{name}: step-time distribution"),
+                   "Left: step time (slowest rank) over measured steps. Right: per-rank step durations.")
+        rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
+                                                          f"{name}: per-rank step time"),
+                   "Per-rank step time across measured steps: a straggler is a bright row.")
+        if sd.phases:
+            kinds = sorted({p["kind"] for p in sd.phases})
+            ranks = sd.ranks
+            vals = {k: [sum(p["seconds"] for p in sd.phases if p["rank"] == r and p["kind"] == k) / sd.n
+                        for r in ranks] for k in kinds}
+            rep.figure("phases", lambda: F.phase_breakdown([str(r) for r in ranks], vals,
+                                                           f"{name}: time per phase per rank", "rank"),
+                       "Seconds per measured step in each phase kind, from the ranks' step-phase events.")
+    else:
+        rep.p("No measured step events in this run: step-time figures are skipped.", "note")
+    _data_quality(rep, summ)
+    return rep.write()
+
+
+def _data_quality(rep: Report, summ: dict[str, Any]) -> None:
+    dq = summ.get("data_quality") or {}
+    rep.h("Data quality")
+    rep.table(["fields supported", "not measured", "clock skew", "requested rate"], [[
+        ", ".join(dq.get("fields_supported") or []) or "none recorded",
+        ", ".join(dq.get("not_measured") or []) or "—",
+        (f"{dq['clock_skew_ns']} ns" if dq.get("clock_skew_ns") is not None else "")
+        + f" ({dq.get('clock_skew_note', '')})",
+        json.dumps(dq.get("rate_hz_requested")),
+    ]], cls="info")
+    rows = [[f"{d['host']}/{d['device']}", d.get("samples"), format_value("x", d.get("rate_hz")) + " Hz",
+             d.get("gaps"), format_value("x", d.get("gap_s")) + " s", format_value("x", d.get("max_interval_s")) + " s"]
+            for d in dq.get("devices") or []]
+    if rows:
+        rep.table(["device", "samples in window", "achieved rate", "gaps (> 2.5 periods)", "time in gaps",
+                   "longest interval"], rows)
+    for note in dq.get("telemetry_notes") or []:
+        rep.p(note, "note")
+
+
+# ---------------------------------------------------------------------------------------------------
+# sweep view
+
+
+def _efficiency(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    for key, label in (("tokens_per_j", "tokens/J"), ("mfu", "MFU"), ("tokens_per_s", "tokens/s")):
+        if any(r.get(key) is not None for r in rows):
+            return key, label
+    return "tokens_per_j", "tokens/J"
+
+
+def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    from powertrain.analyze.sweep import sweep_table
+
+    rows, summaries = load_sweep(path)
+    tmp = path / ".summary.parquet.tmp"
+    import pyarrow.parquet as pq
+
+    pq.write_table(sweep_table(rows), tmp)
+    tmp.replace(path / "summary.parquet")
+    rep = Report(out, f"powertrain sweep report — {path.name}", formats)
+    rep.h(f"Sweep {path.name}", 1)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    rep.p("Runs: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+          + (f"; {sum(r['kind'] == 'prediction' for r in rows)} predictions" if any(
+              r["kind"] == "prediction" for r in rows) else ""))
+    if any(r["kind"] == "prediction" for r in rows):
+        rep.raw('<div class="banner">This sweep contains PREDICTIONS (marked "pred", hatched or hollow): '
+                'modelled, not measured.</div>')
+    rep.table(["run", "status", "kind", "model", "configuration", "step time", "tokens/s", "power mean",
+               "temp peak", "J/token", "reason"],
+              [[r["id"], _status_badge(r["status"]), r["kind"], r.get("model") or "—", r["label"],
+                format_value("step_time_mean_s", r.get("step_time_mean_s")),
+                format_value("tokens_per_s", r.get("tokens_per_s")), format_value("power_mean_w", r.get("power_mean_w")),
+                format_value("temp_peak_c", r.get("temp_peak_c")), format_value("j_per_token", r.get("j_per_token")),
+                (r.get("reason") or "")[:160]] for r in rows], cls="sweep")
+
+    eff, eff_label = _efficiency(rows)
+    rep.h("Temperature, power and SM clock per configuration (study Figs. 4, 8, 13)")
+    models = sorted({str(r.get("model")) for r in rows})
+    for i, model in enumerate(models):
+        mrows = [r for r in rows if str(r.get("model")) == model]
+        rep.figure(f"study_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.study_panels(
+            model, mrows, eff, eff_label),
+            f"{model}: average and peak temperature and power, mean SM clock per configuration; "
+            f"line: {eff_label}. Runs that did not finish are labelled FAILED / OOM / REJECTED / NOT RUN.")
+
+    rep.h("Per device slot across configurations (study Figs. 5, 17)")
+    done = [(r, summaries[r["id"]]) for r in rows if r["id"] in summaries and summaries[r["id"]].get("per_device")]
+    slots = sorted({(d["host"], d["device"]) for _, s in done for d in s["per_device"] if d.get("kind") != "cpu"}
+                   or {(d["host"], d["device"]) for _, s in done for d in s["per_device"]},
+                   key=lambda k: (k[0], F_slot_key(k[1])))
+    if done and slots:
+        for key, title, unit, scale in (("temp_mean_c", "mean temperature", "°C", 1.0),
+                                        ("power_mean_w", "mean power", "W", 1.0),
+                                        ("link_tx_bytes", "link bytes sent per step", "GiB/step", 1 / 2**30)):
+            vals = np.full((len(done), len(slots)), np.nan)
+            for i, (_, s) in enumerate(done):
+                n_steps = (s.get("window") or {}).get("measured_steps") or 0
+                for d in s["per_device"]:
+                    k = (d["host"], d["device"])
+                    if k in slots and d.get(key) is not None:
+                        v = d[key] * scale
+                        if key == "link_tx_bytes":
+                            v = v / n_steps if n_steps else np.nan
+                        vals[i, slots.index(k)] = v
+            if np.isfinite(vals).any():
+                labels = [f"{r.get('model')} {r['label']}" for r, _ in done]
+                rep.figure(f"slots_{key}", lambda vals=vals, labels=labels, title=title, unit=unit: F.slot_heatmap(
+                    labels, slots, vals, f"{title} per configuration × device slot (nodes separated)", unit),
+                    f"{title} of each device slot in each configuration; white lines separate nodes; the "
+                    "bottom row is the per-slot mean over configurations.")
+            else:
+                rep.p(f"{title}: not measured in any run of this sweep.", "note")
+    else:
+        rep.p("No finished run with per-device telemetry: slot heatmaps skipped.", "note")
+
+    rep.h("Per pipeline stage time breakdown (study Figs. 10, 15)")
+    stage_labels, stage_vals = _stage_breakdown(done)
+    if stage_labels:
+        rep.figure("stage_breakdown", lambda: F.phase_breakdown(
+            stage_labels, stage_vals, "time per phase per pipeline stage", "configuration / stage"),
+            "Seconds per measured step in each phase, averaged over the ranks of each pipeline stage, from the "
+            "ranks' phase events (profiler traces, where taken, refine the communication share).")
+    else:
+        rep.p("No phase events or profiler traces in these runs: the per-stage breakdown is skipped.", "note")
+
+    rep.h("Throughput vs energy")
+    pts = [r for r in rows if r.get("tokens_per_s") is not None and r.get("j_per_token") is not None]
+    if pts:
+        rep.figure("throughput_energy", lambda: F.throughput_energy(pts),
+                   "Each configuration's throughput against its energy per token; the dashed line is the "
+                   "Pareto front (no configuration is both faster and more frugal).")
+    else:
+        rep.p("No run has both a throughput and an energy measurement: the Pareto plot is skipped.", "note")
+    rep.h("Rankings")
+    for metric, title, unit in (("power_peak_w", "Peak power per configuration", "W"),
+                                ("temp_peak_c", "Peak temperature per configuration", "°C"),
+                                ("throttle_share", "Share of samples throttled", "share")):
+        if any(r.get(metric) is not None for r in rows):
+            rep.figure(f"rank_{metric}", lambda metric=metric, title=title, unit=unit: F.ranking(
+                rows, metric, title, unit), f"{title}, highest first.")
+        else:
+            rep.p(f"{title}: not measured in any run of this sweep.", "note")
+    return rep.write()
+
+
+def F_slot_key(device: str) -> tuple[str, int]:
+    digits = "".join(ch for ch in device if ch.isdigit())
+    return (device.rstrip("0123456789"), int(digits) if digits else -1)
+
+
+def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[str], dict[str, list[float]]]:
+    labels: list[str] = []
+    groups: list[dict[str, float]] = []
+    for r, s in done:
+        phases = s.get("phases") or []
+        n = (s.get("window") or {}).get("measured_steps") or 0
+        if not phases or not n:
+            continue
+        stage_of = {pr["rank"]: (pr.get("coords") or {}).get("pp", 0) for pr in s.get("per_rank") or []}
+        stages = sorted({stage_of.get(p["rank"], 0) for p in phases})
+        for st in stages:
+            ranks = {rk for rk, v in stage_of.items() if v == st} or {p["rank"] for p in phases}
+            acc: dict[str, float] = {}
+            for p in phases:
+                if p["rank"] in ranks:
+                    acc[p["kind"]] = acc.get(p["kind"], 0.0) + p["seconds"] / n / len(ranks)
+            labels.append(f"{r['label']} / stage {st}")
+            groups.append(acc)
+    kinds = sorted({k for g in groups for k in g})
+    return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text)
+
+
+def build_report(path: str | Path, out: str | Path | None = None, formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write ``report.html`` (self-contained) and ``figures/*`` for a run or sweep; returns the HTML path.
+
+    ``out`` defaults to ``<path>/report``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    out_dir = Path(out) if out else path / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (path / "run.json").is_file():
+        return build_run_report(path, out_dir, formats)
+    if is_sweep_dir(path):
+        return build_sweep_report(path, out_dir, formats)
+    raise FileNotFoundError(
+        f"{path} is neither a run directory (no run.json) nor a sweep folder (no sweep.json and no subfolder "
+        "with a run.json)")
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1300px;
+       color: #222; padding: 0 1em; }}
+h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.15em; border-bottom: 1px solid #ddd; margin-top: 1.6em; }}
+table {{ border-collapse: collapse; font-size: 0.82em; margin: 0.6em 0; }}
+th, td {{ border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }} td:nth-child(2) {{ white-space: nowrap; }}
+table.info td {{ max-width: 320px; word-break: break-word; }}
+figure {{ margin: 0.8em 0; }} figure img {{ max-width: 100%; border: 1px solid #eee; }}
+figcaption {{ font-size: 0.8em; color: #555; }}
+.badge {{ color: white; border-radius: 3px; padding: 0 5px; font-size: 0.85em; }}
+.banner {{ background: #fff3cd; border: 1px solid #e0c36a; padding: 0.5em 0.8em; font-weight: bold; }}
+.banner.synthetic {{ background: #e8f0fe; border-color: #9ab; }}
+.note {{ color: #8a5a00; font-size: 0.88em; }}
+footer {{ color: #777; font-size: 0.75em; margin-top: 2em; }}
+</style>
+<script>
+// Records script errors in the page itself (the browser test reads data-errors from the DOM).
+window.addEventListener("error", function (e) {{ document.documentElement.dataset.errors =
+  (document.documentElement.dataset.errors || "") + (e.message || "resource error") + ";"; }}, true);
+</script></head>
+<body>
+{body}
+<footer>generated by powertrain on {generated}; self-contained (figures embedded), no network needed.</footer>
+<script>
+// Records, in the page itself, whether every figure decoded: the browser test reads these from the DOM.
+window.addEventListener("load", function () {{
+  var imgs = Array.prototype.slice.call(document.images);
+  document.body.dataset.figures = imgs.length;
+  document.body.dataset.loaded = imgs.filter(function (i) {{ return i.complete && i.naturalWidth > 0; }}).length;
+}});
+</script>
+</body></html>
+"""

@@ -1,0 +1,257 @@
+"""The report's figures (matplotlib, Agg backend): one function per figure, each returning a Figure.
+
+Run view: telemetry timelines per device with step windows shaded, step-time distribution, per-rank
+step-time heatmap, phase breakdown per rank. Sweep view: the study's Fig. 4/8/13 (average and peak
+temperature, power and SM clock per configuration with an efficiency line, grouped by model, failed /
+OOM / rejected / not-run marked apart), configuration × device-slot heatmaps separated by node with
+a per-slot mean row (Figs. 5/17), per-pipeline-stage time breakdown (Figs. 10/15), throughput vs
+J/token with the Pareto front, and power / thermal rankings.
+
+Every figure that shows a prediction says so in its labels; a field with no data is stated as
+"not measured" in the figure rather than drawn as zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (colour, short label)
+    "ok": ("#2b7bba", "ok"),
+    "failed": ("#d62728", "FAILED"),
+    "oom": ("#9467bd", "OOM"),
+    "rejected": ("#7f7f7f", "REJECTED"),
+    "not-run": ("#bbbbbb", "NOT RUN"),
+    "running": ("#ff7f0e", "RUNNING"),
+}
+FIELD_LABEL = {
+    "power_w": "power (W)", "temp_c": "temperature (°C)", "clock_sm_mhz": "SM clock (MHz)",
+    "util_pct": "utilisation (%)", "cpu_util_pct": "host CPU utilisation (%)",
+    "mem_used_bytes": "memory used (GiB)", "cgroup_mem_bytes": "cgroup memory (GiB)",
+    "temp_mem_c": "memory temperature (°C)",
+}
+plt.rcParams.update({"figure.dpi": 100, "font.size": 9, "axes.titlesize": 10, "axes.grid": True,
+                     "grid.alpha": 0.3, "svg.fonttype": "none"})
+
+
+def _shade_steps(ax: Any, step_spans: Sequence[tuple[float, float, str]]) -> None:
+    for i, (a, b, window) in enumerate(step_spans):
+        colour = "#2ca02c" if window == "measured" else "#ff7f0e"
+        ax.axvspan(a, b, color=colour, alpha=0.10 if i % 2 == 0 else 0.18, lw=0)
+
+
+def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_measured: dict[str, str],
+              step_spans: Sequence[tuple[float, float, str]], title: str) -> Figure:
+    """One panel per field with data (a line per device) and one panel listing what was not measured.
+
+    ``series[field][device] = (seconds since start, values)``; ``not_measured[field] = reason``.
+    """
+    n = len(series) + (1 if not_measured else 0)
+    fig, axes = plt.subplots(max(n, 1), 1, figsize=(10, 1.9 * max(n, 1) + 0.6), sharex=bool(series), squeeze=False)
+    axs = list(axes[:, 0])
+    for ax, (field, devs) in zip(axs, series.items(), strict=False):
+        scale = 1 / 2**30 if field.endswith("_bytes") else 1.0
+        for dev, (t, v) in devs.items():
+            ax.plot(t, v * scale, lw=0.9, label=dev)
+        _shade_steps(ax, step_spans)
+        ax.set_ylabel(FIELD_LABEL.get(field, field), fontsize=8)
+        if len(devs) <= 16:
+            ax.legend(fontsize=6, ncol=min(len(devs), 8), loc="upper right", framealpha=0.6)
+    if series:
+        axs[len(series) - 1].set_xlabel("time since run start (s)  —  shaded: green measured steps, orange warm-up")
+    if not_measured:
+        ax = axs[-1]
+        ax.axis("off")
+        lines = [f"{FIELD_LABEL.get(f, f)}: not measured here — {why}" for f, why in not_measured.items()]
+        ax.text(0.01, 0.95, "Not measured in this run\n" + "\n".join(lines), va="top", ha="left", fontsize=8,
+                transform=ax.transAxes, family="monospace")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def step_distribution(step_times: np.ndarray, rank_step_s: np.ndarray, ranks: Sequence[int], title: str) -> Figure:
+    """Histogram of step times (slowest rank per step) and a box per rank."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    a1.hist(step_times, bins=min(30, max(5, len(step_times))), color="#2b7bba")
+    a1.axvline(float(np.mean(step_times)), color="k", ls="--", lw=1, label=f"mean {np.mean(step_times):.3g} s")
+    a1.axvline(float(np.percentile(step_times, 99)), color="r", ls=":", lw=1,
+               label=f"p99 {np.percentile(step_times, 99):.3g} s")
+    a1.set_xlabel("step time (s)")
+    a1.set_ylabel("steps")
+    a1.legend(fontsize=7)
+    data = [row[~np.isnan(row)] for row in rank_step_s]
+    a2.boxplot(data, tick_labels=[str(r) for r in ranks], showfliers=True)
+    a2.set_xlabel("rank")
+    a2.set_ylabel("step time (s)")
+    if len(ranks) > 16:
+        a2.set_xticks(a2.get_xticks()[:: max(1, len(ranks) // 16)])
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def rank_heatmap(rank_step_s: np.ndarray, ranks: Sequence[int], steps: Sequence[int], title: str) -> Figure:
+    """Ranks × measured steps, coloured by step duration: stragglers are the bright rows."""
+    fig, ax = plt.subplots(figsize=(10, min(1.2 + 0.25 * len(ranks), 9)))
+    im = ax.imshow(rank_step_s, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_yticks(range(len(ranks)), [str(r) for r in ranks], fontsize=7 if len(ranks) < 40 else 5)
+    ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=7)
+    ax.set_xlabel("measured step")
+    ax.set_ylabel("rank")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="step time (s)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def phase_breakdown(labels: Sequence[str], phases: dict[str, Sequence[float]], title: str, xlabel: str) -> Figure:
+    """Stacked bars of seconds per phase kind (forward, backward, optimizer, comm, …) per group."""
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    bottom = np.zeros(len(labels))
+    for kind, vals in phases.items():
+        v = np.asarray(vals, dtype=float)
+        ax.bar(range(len(labels)), v, bottom=bottom, label=kind)
+        bottom += np.nan_to_num(v)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("seconds per measured step")
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def _mark_missing(ax: Any, xs: Sequence[int], rows: Sequence[dict[str, Any]], y: float) -> None:
+    for x, r in zip(xs, rows, strict=True):
+        st = r.get("status", "ok")
+        if st != "ok":
+            colour, text = STATUS_STYLE.get(st, ("#000000", st.upper()))
+            ax.text(x, y, text, rotation=90, ha="center", va="bottom", fontsize=7, color=colour, fontweight="bold",
+                    zorder=5, bbox={"facecolor": "white", "edgecolor": colour, "alpha": 0.85, "pad": 1.5})
+
+
+def study_panels(model: str, rows: Sequence[dict[str, Any]], efficiency: str, efficiency_label: str) -> Figure:
+    """The study's Fig. 4 / 8 / 13: per configuration, average and peak temperature, power and SM clock
+    (bars), with an efficiency line on the right axis; runs that did not finish are marked by status."""
+    labels = [r["label"] + (" (pred)" if r.get("kind") == "prediction" else "") for r in rows]
+    xs = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = (("temp_mean_c", "temp_peak_c", "temperature (°C)"), ("power_mean_w", "power_peak_w", "power (W)"),
+              ("clock_sm_mean_mhz", None, "SM clock (MHz)"))
+    for ax, (avg, peak, ylabel) in zip(axes, panels, strict=True):
+        a = np.array([r.get(avg) if r.get(avg) is not None else np.nan for r in rows], dtype=float)
+        width = 0.38 if peak else 0.7
+        hatch = ["//" if r.get("kind") == "prediction" else "" for r in rows]
+        ax.bar(np.array(xs) - (width / 2 if peak else 0), a, width, color="#6baed6", label="average",
+               hatch=hatch, edgecolor="#08519c", lw=0.5)
+        if peak:
+            p = np.array([r.get(peak) if r.get(peak) is not None else np.nan for r in rows], dtype=float)
+            ax.bar(np.array(xs) + width / 2, p, width, color="#fd8d3c", label="peak", hatch=hatch,
+                   edgecolor="#a63603", lw=0.5)
+        finite = a[np.isfinite(a)]
+        lo = float(np.nanmin(finite)) if len(finite) else 0.0
+        if not len(finite):
+            ax.text(0.5, 0.5, "not measured in these runs", transform=ax.transAxes, ha="center", color="#555")
+        ax.set_ylim(bottom=max(0.0, lo * 0.8) if len(finite) else 0)
+        _mark_missing(ax, xs, rows, ax.get_ylim()[0])
+        ax.set_xticks(xs, labels, rotation=35, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        eff = np.array([r.get(efficiency) if r.get(efficiency) is not None else np.nan for r in rows], dtype=float)
+        if np.isfinite(eff).any():
+            ax2 = ax.twinx()
+            ax2.plot(xs, eff, "o-", color="#238b45", lw=1.2, ms=4, label=efficiency_label)
+            ax2.set_ylabel(efficiency_label, color="#238b45", fontsize=8)
+            ax2.grid(False)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{model}: temperature, power and SM clock per configuration "
+                 f"(line: {efficiency_label}; hatched: predicted)")
+    fig.tight_layout()
+    return fig
+
+
+def slot_heatmap(run_labels: Sequence[str], slots: Sequence[tuple[str, str]], values: np.ndarray, title: str,
+                 unit: str) -> Figure:
+    """Configuration × device slot, with node boundaries drawn and a per-slot mean row at the bottom."""
+    mean_row = np.nanmean(values, axis=0) if np.isfinite(values).any() else np.full(values.shape[1], np.nan)
+    data = np.vstack([values, np.full((1, values.shape[1]), np.nan), mean_row[None, :]])
+    fig, ax = plt.subplots(figsize=(min(3 + 0.45 * len(slots), 16), 1.4 + 0.32 * len(data)))
+    masked = np.ma.masked_invalid(data)
+    cmap = plt.get_cmap("inferno").with_extremes(bad="#eeeeee")
+    im = ax.imshow(masked, aspect="auto", cmap=cmap, interpolation="nearest")
+    ax.set_yticks(range(len(data)), [*run_labels, "", "per-slot mean"], fontsize=7)
+    ax.set_xticks(range(len(slots)), [f"{h}\n{d}" for h, d in slots], fontsize=6)
+    hosts = [h for h, _ in slots]
+    for i in range(1, len(hosts)):
+        if hosts[i] != hosts[i - 1]:
+            ax.axvline(i - 0.5, color="white", lw=2.5)
+    ax.axhline(len(values) + 0.5, color="white", lw=1)
+    ax.grid(False)
+    if values.size and values.shape[0] * values.shape[1] <= 400:
+        for (i, j), v in np.ndenumerate(data):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=5.5,
+                        color="white" if v < np.nanmean(data) else "black")
+    fig.colorbar(im, ax=ax, label=unit)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated in (higher throughput, lower J/token), sorted by throughput."""
+    idx = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 >= x and y2 <= y) and (x2 > x or y2 < y) for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            idx.append(i)
+    return sorted(idx, key=lambda i: points[i][0])
+
+
+def throughput_energy(rows: Sequence[dict[str, Any]]) -> Figure:
+    """Tokens/s vs J/token per configuration, the Pareto front drawn; predictions hollow."""
+    pts = [(r["tokens_per_s"], r["j_per_token"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    models = sorted({str(r.get("model")) for r in rows})
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
+    for r, (x, y) in zip(rows, pts, strict=True):
+        pred = r.get("kind") == "prediction"
+        c = colours[str(r.get("model"))]
+        ax.scatter([x], [y], s=36, facecolors="none" if pred else c, edgecolors=c, lw=1.2)
+        ax.annotate(r["label"] + (" (pred)" if pred else ""), (x, y), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    front = pareto_front(pts)
+    if front:
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1, label="Pareto front")
+    handles = [Patch(color=colours[m], label=m) for m in models]
+    ax.legend(handles=[*handles, *ax.get_legend_handles_labels()[0]], fontsize=7)
+    ax.set_xlabel("throughput (tokens/s, whole job)")
+    ax.set_ylabel("energy per token (J/token)")
+    ax.set_title("Throughput vs energy per token (hollow: predicted)")
+    fig.tight_layout()
+    return fig
+
+
+def ranking(rows: Sequence[dict[str, Any]], metric: str, title: str, unit: str) -> Figure:
+    """Horizontal bars of one metric across configurations, highest first."""
+    rs = sorted([r for r in rows if r.get(metric) is not None], key=lambda r: r[metric], reverse=True)
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.28 * max(len(rs), 1)))
+    ax.barh(range(len(rs)), [r[metric] for r in rs],
+            color=["#fdae6b" if r.get("kind") == "prediction" else "#e6550d" for r in rs])
+    ax.set_yticks(range(len(rs)), [f"{r.get('model')} {r['label']}" + (" (pred)" if r.get("kind") == "prediction"
+                                                                        else "") for r in rs], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
