@@ -35,6 +35,7 @@ class Layout(BaseModel):
     pp_schedule: PipelineSchedule = "1f1b"
     virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
     pp_split: StageSplit = "even"
+    distributed_optimizer: bool = Field(default=False, description="shard optimizer states over dp (ZeRO-1)")
 
     def resolve(self, world: int) -> Layout:
         """This layout with ``dp`` filled in from the world size (raises if it does not divide)."""
@@ -62,6 +63,21 @@ class Layout(BaseModel):
     def stages(self) -> int:
         """Pipeline (virtual) stages in total."""
         return self.pp * self.virtual_stages
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of ``rank``: dims ordered (pp, dp, cp, tp), tp innermost (fastest varying).
+
+        ``ep`` is the rank's index inside its expert group: ``ep`` consecutive data-parallel ranks
+        (dp×cp flattened) form one group, as in Megatron.
+        """
+        dp = self.world and self.dp  # raises when dp is unresolved
+        assert dp is not None
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} outside world {self.world}")
+        tp_i, rest = rank % self.tp, rank // self.tp
+        cp_i, rest = rest % self.cp, rest // self.cp
+        dp_i, pp_i = rest % dp, rest // dp
+        return {"dp": dp_i, "tp": tp_i, "pp": pp_i, "cp": cp_i, "ep": (dp_i * self.cp + cp_i) % self.ep}
 
     def stage_layer_counts(self, layers: int) -> list[int]:
         """Transformer layers in each (virtual) stage, in stage order, per ``pp_split``.

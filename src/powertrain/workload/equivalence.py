@@ -1,0 +1,83 @@
+"""Check that layouts reproduce a single-process run: many layouts in **one** process group.
+
+``torchrun --nproc_per_node=N -m powertrain.workload.equivalence CASES.json OUT.json`` builds and
+trains every case of ``CASES.json`` in turn (``[{"name", "config": RunConfig, "steps",
+"skip_grad_sync"?}]``) and rank 0 writes ``{name: [global loss per step]}`` to ``OUT.json``.
+:func:`reference_losses` gives the single-process losses of the same model and batches (micro-batch
+1, no recomputation, no parallelism) to compare with, and :func:`max_rel_diff` the comparison.
+Launch cost (5–16 s per torchrun on a small machine) is paid once for all cases.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from powertrain.spec.layout import Layout
+from powertrain.spec.run import RunConfig
+
+
+def reference_config(cfg: RunConfig) -> RunConfig:
+    knobs = cfg.knobs.model_copy(update={"micro_batch": 1, "recompute": "none"})
+    return cfg.model_copy(update={"layout": Layout(), "knobs": knobs, "hardware": cfg.hardware.model_copy(
+        update={"nodes": 1, "devices_per_node": 1})})
+
+
+def reference_losses(cfg: RunConfig, steps: int) -> list[float]:
+    """Losses of ``cfg``'s model and batches trained in this process alone (no process group)."""
+    from powertrain.workload.trainer import Trainer
+
+    t = Trainer(reference_config(cfg))
+    out = [t.step(i).loss for i in range(steps)]
+    return [float(x) for x in out if x is not None]
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    from powertrain.workload.trainer import Trainer
+
+    out: dict[str, list[float | None]] = {}
+    for case in cases:
+        cfg = RunConfig.model_validate(case["config"])
+        t = Trainer(cfg, skip_grad_sync=bool(case.get("skip_grad_sync", False)))
+        t0 = time.perf_counter()
+        out[case["name"]] = [t.step(i).loss for i in range(int(case.get("steps", 5)))]
+        if dist.get_rank() == 0:
+            print(f"{case['name']}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        t.close()
+        del t
+        gc.collect()
+        dist.barrier()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    from powertrain.workload.train import init_distributed
+
+    init_distributed()
+    cases = json.loads(Path(argv[0]).read_text())
+    losses = run_cases(cases)
+    if dist.get_rank() == 0:
+        Path(argv[1]).write_text(json.dumps(losses, indent=1))
+    gc.collect()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One small function per parallelism, applied by :func:`powertrain.workload.parallelize.parallelize`."""

@@ -1,0 +1,56 @@
+"""Expert parallelism: each rank of an expert group keeps ``experts/ep`` experts; tokens travel.
+
+Dispatch (as in Megatron/DeepSpeed-MoE): a rank sorts its routed token slots by expert, tells every
+peer how many slots it will send to each of the peer's experts (an all-to-all of counts), then sends
+the slots with ``all_to_all_single`` using uneven splits. The receiver regroups them by local expert,
+runs its experts, and a second all-to-all returns the results in the original order. Both token
+all-to-alls are the differentiable ``torch.distributed.nn.functional`` versions, so backward sends
+gradients the opposite way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import nn
+
+
+def apply_ep(model: nn.Module, ep_group: object, ep_rank: int, ep: int) -> nn.Module:
+    """Keep only this rank's block of experts in every MoE layer and point the layer at ``ep_group``."""
+    for module in model.modules():
+        if hasattr(module, "router") and hasattr(module, "w1"):
+            per = module.experts // ep
+            keep = slice(ep_rank * per, (ep_rank + 1) * per)
+            for name in ("w1", "w3", "w2"):
+                setattr(module, name, nn.Parameter(getattr(module, name).data[keep].clone()))
+            module.ep_group = ep_group
+    return model
+
+
+def is_expert_param(name: str) -> bool:
+    """Expert weights are the stacked ``feed_forward.w1/w2/w3`` of MoE layers (not the router)."""
+    return ".feed_forward.w" in name and not name.endswith(".weight")
+
+
+def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Expert outputs for ``routed`` slots (sorted by global expert, ``counts`` per expert)."""
+    group = moe.ep_group
+    ep = dist.get_world_size(group)  # type: ignore[arg-type]
+    per = moe.experts // ep
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)  # type: ignore[arg-type]
+    rc = recv_counts.view(ep, per)  # rc[src, e]: slots from rank src for my local expert e
+    send_splits = counts.view(ep, per).sum(1).tolist()
+    recv_splits = rc.sum(1).tolist()
+    buf = routed.new_empty((sum(recv_splits), routed.size(1)))
+    recv = dist_fn.all_to_all_single(buf, routed, recv_splits, send_splits, group=group)
+    # Received slots are ordered (src, expert); regroup them (expert, src) for the expert loop.
+    starts = torch.cumsum(rc.flatten(), 0) - rc.flatten()
+    perm = torch.cat([torch.arange(int(starts[s * per + e]), int(starts[s * per + e] + rc[s, e]))
+                      for e in range(per) for s in range(ep)] or [torch.zeros(0, dtype=torch.long)])
+    perm = perm.to(routed.device)
+    out = moe.expert_ffn(recv[perm], rc.sum(0).tolist())
+    back = torch.empty_like(out).index_copy(0, perm, out)
+    buf2 = routed.new_empty((sum(send_splits), routed.size(1)))
+    return dist_fn.all_to_all_single(buf2, back, send_splits, recv_splits, group=group)

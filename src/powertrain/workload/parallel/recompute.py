@@ -1,0 +1,37 @@
+"""Activation recomputation: ``full`` checkpoints whole blocks, ``selective`` only the attention core.
+
+Checkpointing is PyTorch's non-reentrant ``torch.utils.checkpoint``: activations inside the wrapped
+module are dropped after forward and recomputed during backward. ``selective`` follows Megatron's
+selective recompute (the attention core, whose activations grow with seq² but cost little to redo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Checkpointed(nn.Module):
+    """Runs ``inner`` under activation checkpointing."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
+    if mode == "none":
+        return model
+    for name, block in list(model.layers.items()):  # type: ignore[union-attr]
+        if mode == "full":
+            model.layers[name] = Checkpointed(block)  # type: ignore[index]
+        elif mode == "selective":
+            block.attention.core = Checkpointed(block.attention.core)
+        else:
+            raise ValueError(f"recompute must be none, selective or full, got {mode!r}")
+    return model
