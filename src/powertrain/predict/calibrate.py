@@ -1,0 +1,193 @@
+"""Calibration: fit a profile's coefficients to measured runs and report the fit error.
+
+Measured runs come from run directories (``run.json`` with the resolved RunConfig under
+``config``; ``events/rank-*.parquet`` whose ``kind == "step"`` rows in the ``measured`` window
+give the step time — per step the slowest rank, then the mean over steps; telemetry ``power_w``
+where present gives mean power per device) or from any list of (Case, step time) pairs, e.g.
+published runs.
+
+The fit minimises the mean squared log error of step time (and of mean power for the power
+coefficients, where measured) over a handful of named coefficients by Nelder–Mead in log space,
+so every coefficient stays positive. Fewer coefficients than runs, always.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from powertrain.predict.case import Case, case_from_run_config
+from powertrain.predict.core import predict
+from powertrain.predict.profile import COEFFICIENT_NAMES, Profile, load_profile
+
+STEP_PARAMS_1 = ("gemm_eff", "layer_overhead_s")
+STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
+POWER_PARAMS = ("power_compute", "power_wait")
+
+
+@dataclass
+class MeasuredRun:
+    """One measured configuration and what was measured."""
+
+    label: str
+    case: Case
+    step_time_s: float
+    power_mean_w: float | None = None
+
+
+def _gemm_key(case: Case) -> str:
+    p = case.precision
+    return {"fp32": "gemm_eff_fp32", "tf32": "gemm_eff_fp32", "fp8": "gemm_eff_fp8", "fp4": "gemm_eff_fp4"}.get(
+        p, "gemm_eff_16")
+
+
+def read_measured_run(path: str | Path) -> MeasuredRun:
+    """A measured run directory → MeasuredRun (raises with the fix if it lacks what calibration needs)."""
+    import pyarrow.compute as pc
+
+    from powertrain.spec.run import RunConfig
+    from powertrain.store import RunDir, read_events, read_telemetry
+
+    rd = RunDir(path)
+    info = rd.read()
+    if info.get("kind") == "prediction":
+        raise ValueError(f"{path} is a prediction, not a measured run; calibrate on measured runs only")
+    if info.get("status") not in (None, "ok"):
+        raise ValueError(f"{path}: run status is {info.get('status')!r}; only finished (ok) runs calibrate")
+    cfg_raw = info.get("config")
+    if not isinstance(cfg_raw, dict):
+        raise ValueError(f"{path}: run.json has no resolved `config`; runs made by `powertrain run` carry one")
+    cfg = RunConfig.model_validate(cfg_raw)
+    ev = read_events(rd.path)
+    mask = pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured"))
+    steps = ev.filter(mask)
+    if steps.num_rows == 0:
+        raise ValueError(f"{path}: no measured step events (events/rank-*.parquet, kind=step, window=measured)")
+    step = np.asarray(steps["step"].to_pylist(), dtype=float)
+    dur = (np.asarray(steps["t_end_ns"].to_pylist(), dtype=float)
+           - np.asarray(steps["t_start_ns"].to_pylist(), dtype=float)) / 1e9
+    per_step = [dur[step == s].max() for s in np.unique(step)]
+    step_time = float(np.mean(per_step))
+    power = None
+    tel = read_telemetry(rd.path)
+    if tel.num_rows:
+        pw = np.asarray([v for v in tel["power_w"].to_pylist() if v is not None], dtype=float)
+        dev = tel["device"].to_pylist()
+        if len(pw) and any(str(d).startswith("gpu") for d in dev):
+            power = float(np.mean(pw))
+    return MeasuredRun(label=str(rd.path), case=case_from_run_config(cfg), step_time_s=step_time,
+                       power_mean_w=power)
+
+
+def collect_runs(paths: Iterable[str | Path]) -> list[MeasuredRun]:
+    """Run directories, or sweep folders holding run directories, → measured runs (predictions skipped)."""
+    out: list[MeasuredRun] = []
+    for p in map(Path, paths):
+        dirs = [p] if (p / "run.json").is_file() else sorted(d for d in p.iterdir() if (d / "run.json").is_file()) \
+            if p.is_dir() else []
+        if not dirs:
+            raise FileNotFoundError(f"{p} is neither a run directory (run.json) nor a folder of run directories")
+        for d in dirs:
+            try:
+                out.append(read_measured_run(d))
+            except ValueError:
+                if len(dirs) == 1:
+                    raise
+    return out
+
+
+def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 400, step: float = 0.3) -> np.ndarray:
+    """Minimise ``f`` from ``x0`` (a small, dependency-free Nelder–Mead)."""
+    n = len(x0)
+    pts = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts = [pts[i] for i in order]
+        vals = [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < 1e-10:
+            break
+        centroid = np.mean(pts[:-1], axis=0)
+        xr = centroid + (centroid - pts[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - pts[-1])
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (pts[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
+                vals = [f(p) for p in pts]
+    return pts[int(np.argmin(vals))]
+
+
+def errors(runs: Sequence[MeasuredRun], profile: Profile) -> list[float]:
+    """Signed relative step-time error (predicted/measured − 1) of each run."""
+    return [predict(r.case, profile).metrics["step_time_mean_s"] / r.step_time_s - 1 for r in runs]
+
+
+def mape(errs: Sequence[float]) -> float:
+    return float(np.mean(np.abs(errs))) if errs else float("nan")
+
+
+def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | None = None,
+                params: Sequence[str] | None = None) -> Profile:
+    """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and the
+    intra-node link efficiency when any run is distributed) to ``runs``; returns the new profile with
+    its fit error (``error.step_time_mape`` before and after, per run)."""
+    if not runs:
+        raise ValueError("calibration needs at least one measured run")
+    prof = base if isinstance(base, Profile) else load_profile(base)
+    chosen = list(params or (STEP_PARAMS_MULTI if any(r.case.world > 1 for r in runs) else STEP_PARAMS_1))
+    chosen = [_gemm_key(runs[0].case) if p == "gemm_eff" else p for p in chosen]
+    unknown = [p for p in chosen if p not in COEFFICIENT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown coefficients {unknown}; known: {', '.join(COEFFICIENT_NAMES)}")
+    if len(chosen) > len(runs):
+        chosen = chosen[: len(runs)]
+    x0 = np.log([getattr(prof.coefficients, p) for p in chosen])
+    before = errors(runs, prof)
+
+    def objective(x: np.ndarray) -> float:
+        p = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, x, strict=True)})
+        errs = errors(runs, p)
+        return float(np.mean([math.log1p(e) ** 2 for e in errs]))
+
+    best = _nelder_mead(objective, x0)
+    fitted = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, best, strict=True)})
+    after = errors(runs, fitted)
+    if any(r.power_mean_w for r in runs):
+        fitted = _fit_power(runs, fitted)
+    error: dict[str, Any] = {
+        "step_time_mape": mape(after), "step_time_mape_before": mape(before), "n_runs": len(runs),
+        "fitted": chosen, "per_run": {r.label: round(e, 4) for r, e in zip(runs, after, strict=True)},
+    }
+    return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
+                   device=runs[0].case.device.name)
+
+
+def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:
+    with_power = [r for r in runs if r.power_mean_w]
+    x0 = np.log([getattr(prof.coefficients, p) for p in POWER_PARAMS])
+
+    def objective(x: np.ndarray) -> float:
+        p = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(POWER_PARAMS, x, strict=True)})
+        out = []
+        for r in with_power:
+            pw = predict(r.case, p).metrics["power_mean_w"]
+            out.append(math.log(pw / r.power_mean_w) ** 2 if pw else 1.0)
+        return float(np.mean(out))
+
+    best = _nelder_mead(objective, x0, iters=200)
+    return prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(POWER_PARAMS, best, strict=True)})

@@ -1,0 +1,122 @@
+"""The flat description the model computes on, and where ranks sit.
+
+:class:`Case` holds plain numbers (no pydantic) so one prediction stays in tens of microseconds.
+It is built from a :class:`~powertrain.spec.run.RunConfig` by :func:`case_from_run_config`, or
+directly (the calibration benchmark builds it from published runs whose models the spec catalog
+does not name, e.g. with shared experts or fp8).
+
+Rank placement (Megatron order): global rank = tp fastest, then cp, then dp (whose consecutive
+``ep`` ranks form an expert group), then pp. A group of ranks spaced ``stride`` apart with ``size``
+members spans ``stride × size`` consecutive ranks; it stays on the fast link when that span fits in
+one NVLink domain (a node, or 72 GPUs of an NVL72 rack). So TP groups stay inside a node whenever
+``tp ≤ devices_per_node``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from powertrain.hardware import DeviceSpec, get_device
+
+GATED_FAMILIES = ("llama", "mixtral")
+
+
+@dataclass(slots=True)
+class Case:
+    """One configuration, flattened. Sizes as in ModelConfig; degrees as in Layout."""
+
+    # model
+    layers: int
+    hidden: int
+    ffn: int  # dense FFN inner size
+    heads: int
+    kv_heads: int
+    vocab: int
+    seq_len: int
+    experts: int = 1
+    top_k: int = 1
+    moe_ffn: int = 0  # per-expert FFN size (0: same as ffn)
+    shared_experts: int = 0
+    gated: bool = True  # SwiGLU-style MLP (3 matrices) vs GELU (2)
+    tied_embeddings: bool = False
+    # layout
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vp: int = 1
+    sequence_parallel: bool = False
+    fsdp: bool = False
+    distributed_optimizer: bool = False
+    pp_schedule: str = "1f1b"
+    pp_split: str | list[int] = "even"
+    # knobs
+    micro_batch: int = 1
+    global_batch: int = 8
+    recompute: str = "none"  # none | selective | full
+    precision: str = "bf16"  # fp32 | tf32 | bf16 | fp16 | fp8 | fp4
+    overlap_tp: bool = False
+    overlap_dp: bool = True
+    overlap_fsdp: bool = True
+    overlap_param_gather: bool = False
+    power_limit_w: float | None = None
+    lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
+    moe_imbalance: float | None = None  # None: the profile's default
+    # hardware
+    device: DeviceSpec = field(default_factory=lambda: get_device("h100-sxm"))
+    nodes: int = 1
+    devices_per_node: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn or self.ffn
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step per pipeline (gradient-accumulation steps)."""
+        return max(1, self.global_batch // (self.micro_batch * self.dp))
+
+    def domain(self) -> int:
+        """Devices that share the fast intra-node link (node, or NVLink domain if larger)."""
+        return max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
+
+    def crosses_nodes(self, stride: int, size: int) -> bool:
+        """Whether a group of ``size`` ranks spaced ``stride`` apart leaves one NVLink domain."""
+        return size > 1 and stride * size > self.domain()
+
+    def peers_in_domain(self, stride: int, size: int) -> int:
+        """Members of such a group (including oneself) inside one's NVLink domain."""
+        return max(1, min(size, self.domain() // stride)) if stride <= self.domain() else 1
+
+
+def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
+    """Flatten a :class:`~powertrain.spec.run.RunConfig` (resolving dp from the world size)."""
+    from powertrain.spec.run import RunConfig
+
+    assert isinstance(cfg, RunConfig)
+    m, k, hw = cfg.model, cfg.knobs, cfg.hardware
+    lay = cfg.layout.resolve(hw.world) if cfg.layout.dp is None else cfg.layout
+    ov = k.overlap
+    dev = device or get_device(hw.device)
+    return Case(
+        layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
+        seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
+        gated=m.family in GATED_FAMILIES, tied_embeddings=m.tied_embeddings,
+        tp=lay.tp, pp=lay.pp, dp=lay.dp or 1, cp=lay.cp, ep=lay.ep, vp=lay.virtual_stages,
+        sequence_parallel=lay.sequence_parallel, fsdp=lay.fsdp,
+        distributed_optimizer=bool(getattr(lay, "distributed_optimizer", False)),
+        pp_schedule=lay.pp_schedule, pp_split=lay.pp_split,
+        micro_batch=k.micro_batch, global_batch=k.global_batch, recompute=k.recompute,
+        precision=k.precision, overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
+        overlap_fsdp=ov.fsdp_prefetch, power_limit_w=k.power_limit_w,
+        device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
+    )

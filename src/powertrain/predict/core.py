@@ -1,0 +1,136 @@
+"""One prediction: memory, step time, throughput, power, energy, temperature — and its summary.
+
+:func:`predict` composes the parts (memory → power-limited clocks → step time → per-device power →
+slot temperatures → thermal stragglers) and returns a :class:`Prediction` whose ``metrics`` use the
+metric names of a measured run's ``summary.json``, so reports and ``compare`` read both alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from powertrain.predict.case import Case, case_from_run_config
+from powertrain.predict.flops import hardware_flops_per_step, model_flops_per_step
+from powertrain.predict.memory import memory_per_device
+from powertrain.predict.power import clock_factor, device_power
+from powertrain.predict.profile import Profile, load_profile
+from powertrain.predict.steptime import step_time
+from powertrain.predict.thermal import slot_temperatures
+
+METRIC_NAMES = (
+    "step_time_mean_s", "tokens_per_s", "samples_per_s", "tokens_per_s_per_device", "tflops_per_device",
+    "model_flops_per_step", "mfu", "hfu", "power_mean_w", "power_peak_w", "power_swing_w",
+    "energy_per_step_j", "j_per_token", "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c",
+    "temp_peak_c", "hottest_slot", "throttle_share", "mem_per_device_bytes",
+)
+
+
+@dataclass(slots=True)
+class Prediction:
+    """Predicted metrics (None where the model has nothing honest to say, with the reason)."""
+
+    metrics: dict[str, Any]
+    why_null: dict[str, str]
+    breakdown: dict[str, Any]
+    fits: bool
+    profile: str = "default"
+    model_error: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``summary.json`` body of a prediction (same shape as a measured run's)."""
+        return {"kind": "prediction", "profile": self.profile, "model_error": self.model_error,
+                "config": config, "metrics": self.metrics, "why_null": self.why_null,
+                "breakdown": self.breakdown}
+
+
+def _as_case(cfg: Any) -> Case:
+    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg)
+
+
+def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
+    """Predict one configuration (a RunConfig or a Case) with a calibration profile."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    c = prof.coefficients
+    case = _as_case(cfg)
+    dev = case.device
+    world = case.world
+    mem_total, mem_bd = memory_per_device(case, c)
+    fits = mem_total <= dev.memory_bytes
+
+    clock = clock_factor(dev, c, case.power_limit_w)
+    st = step_time(case, c, clock)
+    pw = device_power(dev, c, st.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
+    dpn = min(case.devices_per_node, world)
+    slots = slot_temperatures(dev, dpn, pw.mean_w, pw.peak_w, st.burst_s)
+    throttled = [s for s in slots if s.throttled]
+    powers = [pw] * dpn
+    thermal_clock = 1.0
+    if throttled:
+        # the hottest slot caps its mean power; the whole synchronous job runs at its pace
+        allowed = min(s.allowed_power_w or pw.mean_w for s in throttled)
+        comp_dyn = (pw.compute_w - dev.idle_w) * st.compute_s / st.total_s
+        if comp_dyn > 0:
+            share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
+            thermal_clock = max(0.3, share ** (1.0 / c.power_clock_exponent))
+        st_slow = step_time(case, c, clock * thermal_clock)
+        hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
+                           clock * thermal_clock)
+        cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
+        powers = [hot if s.throttled else cool for s in slots]
+        st = st_slow
+        slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st.burst_s)
+        slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
+                         peak_c=dev.slowdown_c or s.peak_c) if s.throttled else s for s in slots]
+
+    t = st.total_s
+    tokens = case.global_batch * case.seq_len
+    mflops = model_flops_per_step(case, case.global_batch)
+    hflops = hardware_flops_per_step(case, case.global_batch, case.recompute)
+    peak = dev.peak(case.precision)
+    mean_w = sum(p.mean_w for p in powers) / len(powers)
+    energy = mean_w * world * t
+    metrics: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
+    why: dict[str, str] = {}
+    metrics.update(
+        step_time_mean_s=t, tokens_per_s=tokens / t, samples_per_s=case.global_batch / t,
+        tokens_per_s_per_device=tokens / t / world, tflops_per_device=mflops / t / world / 1e12,
+        model_flops_per_step=mflops, mfu=mflops / t / (world * peak), hfu=hflops / t / (world * peak),
+        mem_per_device_bytes=mem_total,
+    )
+    if dev.measured:
+        reason = f"{dev.name}: no power or temperature sensor to model it from (catalog values are nominal)"
+        for k in ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "j_per_token",
+                  "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c", "temp_peak_c",
+                  "hottest_slot", "throttle_share"):
+            why[k] = reason
+    else:
+        hottest = max(slots, key=lambda s: s.peak_c)
+        metrics.update(
+            power_mean_w=mean_w, power_peak_w=max(p.peak_w for p in powers),
+            power_swing_w=max(p.peak_w for p in powers) - min(p.low_w for p in powers),
+            energy_per_step_j=energy, j_per_token=energy / tokens, tokens_per_j=tokens / energy,
+            samples_per_s_per_mj_study=(case.global_batch / t) / (energy / 1e6),
+            temp_mean_c=sum(s.steady_c for s in slots) / len(slots), temp_peak_c=hottest.peak_c,
+            hottest_slot=f"gpu{hottest.slot}",
+            throttle_share=sum(1 for s in slots if s.throttled) / len(slots),
+        )
+    breakdown = {
+        "step_time": {k: v for k, v in st.breakdown.items()},
+        "memory": mem_bd,
+        "fits_in_memory": fits,
+        "clock_factor_power_limit": clock,
+        "clock_factor_thermal": thermal_clock,
+        "node_energy_per_step_j": None if dev.measured else energy + c.host_w_per_node * case.nodes * t,
+        "slots": None if dev.measured else [
+            {"slot": f"gpu{s.slot}", "inlet_c": s.inlet_c, "steady_c": s.steady_c, "peak_c": s.peak_c,
+             "throttled": s.throttled, "time_to_steady_s": s.time_to_steady_s} for s in slots],
+        "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "vp": case.vp,
+                   "micro_batches": case.micro_batches},
+        "device": dev.name,
+    }
+    if not fits:
+        why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "
+                       "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")
+    return Prediction(metrics=metrics, why_null=why, breakdown=breakdown, fits=fits, profile=prof.name,
+                      model_error=dict(prof.error))

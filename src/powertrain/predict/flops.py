@@ -1,0 +1,141 @@
+"""Model FLOPs: THE definition the analysis layer imports for MFU and HFU.
+
+Conventions (those of Megatron-LM's ``num_floating_point_operations`` and of PaLM's MFU):
+
+* a multiply-add is 2 FLOPs; backward costs twice forward, so training = 3 × forward;
+* counted per token: every GEMM of every layer (attention Q/K/V/O projections with grouped-query
+  K/V widths; the MLP with 2 matrices, or 3 when gated/SwiGLU; for MoE the ``top_k`` routed
+  experts plus shared experts plus the router), the attention core ``QKᵀ`` and ``AV``
+  (``4·s·h`` per token per layer forward, **full, non-causal** sequence as Megatron counts it), and
+  the output (logit) layer ``2·h·V``; embeddings lookups, norms and elementwise work are not FLOPs;
+* **model FLOPs** do not count recomputation; **hardware FLOPs** do: full recompute repeats every
+  layer's forward (not the logit layer), selective repeats the attention core.
+
+MFU = model FLOPs per second ÷ (devices × dense peak at the run's precision);
+HFU = hardware FLOPs per second ÷ the same peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Shape(NamedTuple):
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    seq_len: int
+    experts: int
+    top_k: int
+    moe_ffn: int
+    shared_experts: int
+    gated: bool
+
+
+def shape_of(model: Any, seq_len: int | None = None) -> Shape:
+    """A Shape from a ModelConfig, a predict Case, or anything with the same attributes."""
+    gated = getattr(model, "gated", None)
+    if gated is None:
+        gated = getattr(model, "family", "llama") in ("llama", "mixtral")
+    experts = int(getattr(model, "experts", 1) or 1)
+    moe_ffn = int(getattr(model, "moe_ffn", 0) or 0) or (model.ffn if experts > 1 else 0)
+    return Shape(model.layers, model.hidden, model.ffn, model.heads, model.kv_heads, model.vocab,
+                 int(seq_len or model.seq_len), experts, int(getattr(model, "top_k", 1) or 1), moe_ffn,
+                 int(getattr(model, "shared_experts", 0) or 0), bool(gated))
+
+
+class LayerFlops(NamedTuple):
+    """Forward FLOPs per token of one transformer layer, split by how they run."""
+
+    dense_gemm: float  # attention projections + dense MLP (+ shared experts, router)
+    expert_gemm: float  # routed experts (top_k of them)
+    attention: float  # QKᵀ and AV, full sequence
+
+
+def layer_flops_per_token(s: Shape) -> LayerFlops:
+    h = s.hidden
+    kv = s.kv_heads * (h // s.heads)
+    attn_proj = 2 * h * (2 * h + 2 * kv)  # Q and O are h×h; K and V are h×kv
+    mats = 3 if s.gated else 2
+    if s.experts > 1:
+        dense = attn_proj + 2 * mats * h * s.ffn * s.shared_experts + 2 * h * s.experts
+        expert = 2 * mats * h * s.moe_ffn * s.top_k
+    else:
+        dense = attn_proj + 2 * mats * h * s.ffn
+        expert = 0.0
+    return LayerFlops(float(dense), float(expert), float(4 * s.seq_len * h))
+
+
+def logit_flops_per_token(s: Shape) -> float:
+    return float(2 * s.hidden * s.vocab)
+
+
+def model_flops_per_token(model: Any, seq_len: int | None = None) -> float:
+    """Training model FLOPs per token (forward + backward, no recomputation)."""
+    s = shape_of(model, seq_len)
+    lf = layer_flops_per_token(s)
+    return 3.0 * (s.layers * (lf.dense_gemm + lf.expert_gemm + lf.attention) + logit_flops_per_token(s))
+
+
+def model_flops_per_step(model: Any, global_batch: int, seq_len: int | None = None) -> float:
+    """Model FLOPs of one optimizer step of ``global_batch`` sequences."""
+    s = shape_of(model, seq_len)
+    return model_flops_per_token(model, s.seq_len) * global_batch * s.seq_len
+
+
+def recompute_flops_per_token(model: Any, recompute: str, seq_len: int | None = None) -> float:
+    """Extra forward FLOPs per token that recomputation adds (full: every layer; selective: attention core)."""
+    s = shape_of(model, seq_len)
+    lf = layer_flops_per_token(s)
+    if recompute == "full":
+        return s.layers * (lf.dense_gemm + lf.expert_gemm + lf.attention)
+    if recompute == "selective":
+        return s.layers * lf.attention
+    if recompute in ("none", None):
+        return 0.0
+    raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
+
+
+def hardware_flops_per_token(model: Any, recompute: str = "none", seq_len: int | None = None) -> float:
+    """Training FLOPs per token actually executed, recomputation included."""
+    return model_flops_per_token(model, seq_len) + recompute_flops_per_token(model, recompute, seq_len)
+
+
+def hardware_flops_per_step(model: Any, global_batch: int, recompute: str = "none",
+                            seq_len: int | None = None) -> float:
+    s = shape_of(model, seq_len)
+    return hardware_flops_per_token(model, recompute, s.seq_len) * global_batch * s.seq_len
+
+
+def parameter_counts(model: Any) -> dict[str, float]:
+    """Parameters by part: ``attention``, ``mlp`` (dense/shared), ``experts`` (all routed), ``router``,
+    ``norms`` (all per model, summed over layers) and ``embedding``/``head``."""
+    s = shape_of(model)
+    h = s.hidden
+    kv = s.kv_heads * (h // s.heads)
+    mats = 3 if s.gated else 2
+    attn = h * (2 * h + 2 * kv)
+    if s.experts > 1:
+        mlp = mats * h * s.ffn * s.shared_experts
+        experts = mats * h * s.moe_ffn * s.experts
+        router = h * s.experts
+    else:
+        mlp, experts, router = mats * h * s.ffn, 0, 0
+    tied = bool(getattr(model, "tied_embeddings", False))
+    return {
+        "attention": float(s.layers * attn), "mlp": float(s.layers * mlp),
+        "experts": float(s.layers * experts), "router": float(s.layers * router),
+        "norms": float(s.layers * 2 * h + h), "embedding": float(s.vocab * h),
+        "head": 0.0 if tied else float(s.vocab * h),
+    }
+
+
+def active_parameters(model: Any) -> float:
+    """Parameters a token touches (routed experts counted top_k times)."""
+    s = shape_of(model)
+    p = parameter_counts(model)
+    act_experts = p["experts"] * s.top_k / s.experts if s.experts > 1 else 0.0
+    return p["attention"] + p["mlp"] + act_experts + p["router"] + p["norms"] + p["embedding"] + p["head"]

@@ -1,0 +1,138 @@
+"""Calibration profiles: the model's few global coefficients, with physical meaning, stored as YAML.
+
+A profile is a named set of coefficients (what fraction of peak large GEMMs reach per precision,
+how much elementwise traffic a layer makes, how well communication overlaps, how much power each
+phase draws) plus the error it had on the runs it was fitted to. ``default`` ships with the package
+(fitted on ``calibration_runs.yaml`` by ``benchmarks/predict_accuracy.py --refit``); users write
+their own with ``powertrain calibrate``. Profiles are looked up as a path, then in
+``$POWERTRAIN_PROFILES`` / ``~/.config/powertrain/profiles``, then among the shipped ones.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SHIPPED_DIR = Path(__file__).with_name("profiles")
+
+
+def user_profile_dir() -> Path:
+    env = os.environ.get("POWERTRAIN_PROFILES")
+    return Path(env) if env else Path.home() / ".config" / "powertrain" / "profiles"
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """Global model coefficients. Each is a physical quantity, not a per-run fudge."""
+
+    # Fraction of dense peak that large GEMMs sustain, per precision class.
+    gemm_eff_fp32: float = 0.70
+    gemm_eff_16: float = 0.72
+    gemm_eff_fp8: float = 0.55
+    gemm_eff_fp4: float = 0.45
+    # GEMM dimension (min of m, n) at which efficiency falls to half of the large-GEMM value.
+    gemm_knee: float = 48.0
+    # Fused attention (flash) throughput relative to a large 16-bit GEMM.
+    attn_eff_ratio: float = 0.55
+    # Multiplier on the counted elementwise traffic (norms, activations, residuals, routing).
+    elementwise_scale: float = 1.0
+    # 16-bit passes over each routed token copy per MoE layer forward (dispatch, combine, casts).
+    moe_dispatch_passes: float = 8.0
+    # Fraction of HBM bandwidth memory-bound kernels reach.
+    mem_eff: float = 0.75
+    # Host/launch overhead per layer per micro-batch forward (backward costs twice).
+    layer_overhead_s: float = 15e-6
+    # Fixed per-step overhead (optimizer launch, data loading, logging).
+    step_overhead_s: float = 0.01
+    # Achieved fraction of link bandwidth for NCCL-style collectives.
+    comm_eff_intra: float = 0.75
+    comm_eff_inter: float = 0.80
+    # Share of a compute window that overlapped communication can hide behind.
+    overlap_eff: float = 0.85
+    # Exposed share of TP communication when TP-comm overlap is on.
+    tp_overlap_exposed: float = 0.35
+    # Expert-load imbalance (slowest expert rank ÷ mean) when the run does not force balance.
+    moe_imbalance: float = 1.15
+    # Power: share of (power_at_peak - idle) drawn in each phase.
+    power_compute: float = 0.92
+    power_memory: float = 0.60
+    power_wait: float = 0.18
+    # Exponent of dynamic power versus clock (V scales with f near the top of the curve).
+    power_clock_exponent: float = 2.6
+    # Averaging time of the power a sensor reports (bursts shorter than this are smoothed).
+    power_window_s: float = 0.1
+    # Host (CPU, memory, NICs, fans) power per node, W, for node-level energy.
+    host_w_per_node: float = 1500.0
+    # Framework memory overhead per device: context, communicator buffers, allocator slack.
+    mem_overhead_bytes: float = 2.5e9
+    mem_fragmentation: float = 1.03
+
+    def gemm_eff(self, precision: str) -> float:
+        return {"fp32": self.gemm_eff_fp32, "tf32": self.gemm_eff_fp32, "fp8": self.gemm_eff_fp8,
+                "fp4": self.gemm_eff_fp4}.get(precision, self.gemm_eff_16)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A named set of coefficients plus how well they fit (``error``: MAPE etc., may be empty)."""
+
+    name: str = "default"
+    coefficients: Coefficients = field(default_factory=Coefficients)
+    error: dict[str, Any] = field(default_factory=dict)
+    fitted_on: list[str] = field(default_factory=list)
+    device: str | None = None
+
+    def with_coefficients(self, **updates: float) -> Profile:
+        return replace(self, coefficients=replace(self.coefficients, **updates))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "device": self.device, "coefficients": asdict(self.coefficients),
+                "error": self.error, "fitted_on": self.fitted_on}
+
+
+COEFFICIENT_NAMES = tuple(f.name for f in fields(Coefficients))
+
+
+def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
+    coeffs = raw.get("coefficients", {}) or {}
+    unknown = set(coeffs) - set(COEFFICIENT_NAMES)
+    if unknown:
+        raise ValueError(f"{where}: unknown coefficients {sorted(unknown)}; known: {', '.join(COEFFICIENT_NAMES)}")
+    return Profile(
+        name=str(raw.get("name", "custom")),
+        coefficients=Coefficients(**{k: float(v) for k, v in coeffs.items()}),
+        error=dict(raw.get("error", {}) or {}),
+        fitted_on=list(raw.get("fitted_on", []) or []),
+        device=raw.get("device"),
+    )
+
+
+def save_profile(profile: Profile, path: str | Path | None = None) -> Path:
+    """Write ``profile`` as YAML (default: the user profile folder, ``<name>.yaml``)."""
+    out = Path(path) if path else user_profile_dir() / f"{profile.name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(profile.to_dict(), sort_keys=False))
+    return out
+
+
+def load_profile(name_or_path: str | Path | None = None) -> Profile:
+    """A profile by path or name (user folder first, then shipped); None → ``default``."""
+    if isinstance(name_or_path, Profile):
+        return name_or_path
+    key = str(name_or_path or "default")
+    candidates = [Path(key)] if key.endswith((".yaml", ".yml")) or os.sep in key else []
+    candidates += [user_profile_dir() / f"{key}.yaml", SHIPPED_DIR / f"{key}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return profile_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+    if key == "default":
+        return Profile()
+    known = sorted({p.stem for d in (user_profile_dir(), SHIPPED_DIR) if d.is_dir() for p in d.glob("*.yaml")})
+    raise FileNotFoundError(
+        f"no profile {key!r}; known: {', '.join(known) or 'none'}. "
+        "Create one with `powertrain calibrate RUN... --name NAME`, or pass a YAML path"
+    )

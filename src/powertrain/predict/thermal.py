@@ -1,0 +1,124 @@
+"""Temperature: a first-order thermal model per device, chassis slots, throttling, and fitting.
+
+Each device is one thermal mass: ``τ·dT/dt = T_in(slot) + R·P − T``. Its steady state is
+``T_ss = T_in + R·P_mean`` (temperature follows mean power: τ of tens of seconds is far longer
+than a training step's phases) and it gets within ``δ`` of it after ``τ·ln(|T_ss − T0|/δ)``.
+
+Slots: in an air-cooled 8-device baseboard air flows front to back, so the rear slots
+(``rear_slots_of_8`` of the device's thermal defaults) breathe air pre-heated by the device in
+front: ``T_in = T_inlet + rear_preheat_c_per_kw · P_front/1000``. Liquid-cooled parts have no
+pre-heat.
+
+Throttling: when ``T_ss`` exceeds the device's slowdown temperature, the device lowers clocks
+until its mean power gives exactly that temperature: ``P_allowed = (T_slow − T_in)/R``. In a
+synchronous job the slowest device sets the step time (a straggler), which the predictor applies.
+
+:func:`fit_thermal` recovers ``R``, ``τ`` and ``T_in`` from a measured power and temperature
+timeline by least squares on the exact discretisation of the model on a uniform grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from powertrain.hardware import DeviceSpec, ThermalSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalParams:
+    """Fitted (or default) thermal parameters of one device."""
+
+    r_c_per_w: float
+    tau_s: float
+    inlet_c: float
+    rmse_c: float | None = None
+
+
+def slot_inlets(th: ThermalSpec, devices_per_node: int, device_power_w: float) -> list[float]:
+    """Inlet temperature per slot, pre-heated for rear slots."""
+    rear = {s for s in th.rear_slots_of_8 if s < devices_per_node} if devices_per_node >= 2 else set()
+    heat = th.rear_preheat_c_per_kw * device_power_w / 1000.0
+    return [th.inlet_c + (heat if s in rear else 0.0) for s in range(devices_per_node)]
+
+
+@dataclass(slots=True)
+class SlotThermal:
+    slot: int
+    inlet_c: float
+    steady_c: float
+    peak_c: float
+    throttled: bool
+    allowed_power_w: float | None
+    time_to_steady_s: float
+
+
+def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, peak_w: float,
+                      burst_s: float, start_c: float | None = None) -> list[SlotThermal]:
+    """Steady-state and peak temperature of every slot of a node at the given power."""
+    th = dev.thermal
+    out = []
+    for s, t_in in enumerate(slot_inlets(th, devices_per_node, mean_w)):
+        steady = t_in + th.r_c_per_w * mean_w
+        # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
+        peak = steady + th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
+        throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
+        allowed = (dev.slowdown_c - t_in) / th.r_c_per_w if throttled and dev.slowdown_c is not None else None
+        if throttled and dev.slowdown_c is not None:
+            steady = peak = dev.slowdown_c
+        t0 = th.inlet_c if start_c is None else start_c
+        gap = abs(steady - t0)
+        tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
+        out.append(SlotThermal(s, t_in, steady, peak, throttled, allowed, tts))
+    return out
+
+
+def simulate(params: ThermalParams, t_s: np.ndarray, power_w: np.ndarray, start_c: float | None = None) -> np.ndarray:
+    """Temperature timeline of the first-order model under ``power_w`` (zero-order hold between samples)."""
+    temp = np.empty(len(t_s))
+    temp[0] = params.inlet_c if start_c is None else start_c
+    for i in range(1, len(t_s)):
+        a = math.exp(-(t_s[i] - t_s[i - 1]) / params.tau_s)
+        target = params.inlet_c + params.r_c_per_w * power_w[i - 1]
+        temp[i] = target + (temp[i - 1] - target) * a
+    return temp
+
+
+def fit_thermal(t_s: np.ndarray, power_w: np.ndarray, temp_c: np.ndarray, dt_s: float | None = None) -> ThermalParams:
+    """Fit ``R``, ``τ``, ``T_in`` of one device from its timelines.
+
+    The samples are resampled to a uniform grid (``dt_s``, default the median sample spacing);
+    then ``T[k+1] = a·T[k] + b·P[k] + c`` is solved by least squares, giving ``τ = −dt/ln a``,
+    ``R = b/(1−a)``, ``T_in = c/(1−a)``. Needs power that varies (a load change) and a temperature
+    that has not yet settled, or the three are not separable.
+    """
+    t = np.asarray(t_s, dtype=float)
+    p = np.asarray(power_w, dtype=float)
+    y = np.asarray(temp_c, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(p) & np.isfinite(y)
+    t, p, y = t[ok], p[ok], y[ok]
+    if len(t) < 10:
+        raise ValueError("fit_thermal needs at least 10 samples with power and temperature")
+    order = np.argsort(t)
+    t, p, y = t[order], p[order], y[order]
+    dt = float(dt_s or np.median(np.diff(t)))
+    if dt <= 0:
+        raise ValueError("timestamps must increase")
+    grid = np.arange(t[0], t[-1], dt)
+    # power is held between samples; temperature is a smooth state, so interpolate it linearly
+    idx = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(t) - 1)
+    pg = p[idx]
+    yg = np.interp(grid, t, y)
+    a_mat = np.column_stack([yg[:-1], pg[:-1], np.ones(len(grid) - 1)])
+    coef, *_ = np.linalg.lstsq(a_mat, yg[1:], rcond=None)
+    a, b, c = (float(v) for v in coef)
+    if not 0 < a < 1:
+        raise ValueError(f"no first-order thermal response found (a={a:.3f}); the run needs a load change")
+    tau = -dt / math.log(a)
+    r = b / (1 - a)
+    t_in = c / (1 - a)
+    params = ThermalParams(r_c_per_w=r, tau_s=tau, inlet_c=t_in)
+    rmse = float(np.sqrt(np.mean((simulate(params, grid, pg, yg[0]) - yg) ** 2)))
+    return ThermalParams(r_c_per_w=r, tau_s=tau, inlet_c=t_in, rmse_c=rmse)
