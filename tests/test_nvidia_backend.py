@@ -261,3 +261,64 @@ def test_real_nvidia_ml_py_on_this_machine_gives_one_clear_line():
     else:  # a machine with an NVIDIA GPU and driver
         assert backend.devices() and backend.sample("h")[0]["device"] == "gpu0"
         backend.close()
+
+
+def _scripted_burn(gpu: FakeGpu, phases: dict[str, float], stop: threading.Event) -> None:
+    """Drive the stand-in GPU like a real one under a burn: power, energy, temperature and clocks."""
+    t0 = time.monotonic()
+    last = t0
+    while not stop.is_set():
+        now = time.monotonic()
+        gpu.advance(now - last)  # energy follows the power that was in effect
+        last = now
+        since = now - t0 - phases["idle"]
+        burning = 0 <= since < phases["burn"]
+        # Power ramps over 0.2 s each way, as a real GPU's does (not a step between two samples).
+        level = min(1.0, since / 0.2) if burning else max(0.0, 1.0 - (since - phases["burn"]) / 0.2)
+        gpu.power_mw = round(95_000 + (620_000 - 95_000) * (level if since >= 0 else 0.0))
+        gpu.power_avg_mw = gpu.power_mw
+        gpu.clock_sm_mhz = 1830 if burning else 345
+        gpu.reasons = fake_nvml.nvmlClocksEventReasonSwPowerCap if burning else fake_nvml.nvmlClocksEventReasonGpuIdle
+        if burning:
+            gpu.temp_c = min(75, gpu.temp_c + 1)
+            gpu.mem_temp_c = min(70, gpu.mem_temp_c + 1)
+        time.sleep(0.002)
+
+
+def test_gpu_check_analysis_on_a_scripted_burn(tmp_path):
+    """Rehearse scripts/gpu_check.sh's checks on sampler output from a stand-in GPU (no torch, no GPU)."""
+    from powertrain.telemetry.gpu_check import Phases, evaluate
+
+    gpu = FakeGpu()
+    backend, _ = _backend(gpu)
+    sampler = Sampler(tmp_path / "run", backends=[backend], host="h", rate_hz=50, flush_s=0.2)
+    phases = {"idle": 0.4, "burn": 1.2}
+    stop = threading.Event()
+    t_start = time.time_ns()
+    driver = threading.Thread(target=_scripted_burn, args=(gpu, phases, stop))
+    thread = threading.Thread(target=sampler.run)
+    driver.start()
+    thread.start()
+    time.sleep(phases["idle"] * 2 + phases["burn"])
+    sampler.stop()
+    thread.join(timeout=10)
+    stop.set()
+    driver.join(timeout=10)
+    rows = [r for r in read_telemetry(tmp_path / "run").to_pylist() if r["device"] == "gpu0"]
+    p = Phases(t_start, t_start + int(phases["idle"] * 1e9), t_start + int((phases["idle"] + phases["burn"]) * 1e9),
+               rows[-1]["t_ns"])
+    # rate_hz=10: the row-count check is about rows arriving at all, not about speed on a loaded CI box.
+    def check(rows: list[dict], name: str):
+        return {c.name: c for c in evaluate(rows, p, rate_hz=10, ramp_s=0.2, settle_s=0.05)}[name]
+
+    checks = {c.name: c for c in evaluate(rows, p, rate_hz=10, ramp_s=0.2, settle_s=0.05)}
+    assert all(c.passed for c in checks.values()), [c.detail for c in checks.values() if not c.passed]
+    assert checks["throttle reasons read"].values["reasons_seen"]["burn"] == ["power_cap"]
+
+    # The same checks fail when the data is wrong: energy counter off by 10 %, power flat.
+    bad_energy = check([dict(r, energy_j=r["energy_j"] * 1.1) for r in rows], "energy agrees with power")
+    assert not bad_energy.passed and bad_energy.values["relative_difference"] > 0.05
+    flat = check([dict(r, power_w=95.0) for r in rows], "power rises")
+    assert not flat.passed and flat.values["burn_median_w"] == 95.0
+    assert not check([dict(r, throttle=None) for r in rows], "throttle reasons read").passed
+    assert not check([dict(r, temp_c=35.0) for r in rows], "temp_c moves").passed
