@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from powertrain.cli import app
 
@@ -34,6 +35,8 @@ def import_cmd(
     seq_len: int | None = typer.Option(None, "--seq-len", help="framework_log: sequence length, to count tokens."),
     detect: bool = typer.Option(True, "--detect/--no-detect",
                                 help="Find checkpoint dips, stalls and the end of activity in GPU power."),
+    hta: bool = typer.Option(False, "--hta", help="kineto: also record Holistic Trace Analysis' overlap figure "
+                             "(pip install 'powertrain[kineto]')."),
     name: str | None = typer.Option(None, "--name", help="Run name stored in run.json (default: folder name)."),
 ) -> None:
     """Import GPU logs, MLPerf power logs, Zeus/Perseus outputs, training logs or profiler traces.
@@ -56,14 +59,15 @@ def import_cmd(
         warnings.simplefilter("always", ImportWarning_)
         try:
             builder = build(kind, sources, tz=tz, gpus=gpus, hosts=host or None, gpus_per_node=gpus_per_node,
-                            seq_len=seq_len, detect_events=detect, name=name)
+                            seq_len=seq_len, detect_events=detect, name=name,
+                            hta=hta or None)
             run_dir = builder.write(out)
-        except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError) as exc:
-            err.print(f"[red]error: {exc}[/red]", soft_wrap=True)
+        except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError, ImportError) as exc:
+            err.print(f"[red]error: {escape(str(exc))}[/red]", soft_wrap=True)
             raise typer.Exit(2) from None
     for w in caught:
         if issubclass(w.category, ImportWarning_):
-            err.print(f"[yellow]warning: {w.message}[/yellow]", soft_wrap=True)
+            err.print(f"[yellow]warning: {escape(str(w.message))}[/yellow]", soft_wrap=True)
     tel = builder.telemetry()
     ev = builder.events()
     devices = {(h, d) for h, d in zip(tel.column("host").to_pylist(), tel.column("device").to_pylist(), strict=True)} \

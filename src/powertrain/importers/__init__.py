@@ -58,7 +58,7 @@ _OPTIONS = {  # which keyword options each importer takes
     "powertraces": ("tz",),
     "study_csv": ("gpus_per_node",),
     "framework_log": ("tz", "seq_len", "anchor_ns"),
-    "kineto": (),
+    "kineto": ("hta",),
 }
 
 

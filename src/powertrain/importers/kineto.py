@@ -19,7 +19,9 @@ collective kernel; ``run.json["kineto"]`` gives per-rank means. Times: ``ts`` is
 has ``baseTimeNanoseconds``, ``t_ns = base + ts·1000``, else ``ts`` is taken as epoch µs.
 
 This is the interval arithmetic of Holistic Trace Analysis' comm/comp overlap done per step (HTA
-reports it per rank over the whole trace).
+reports it per rank over the whole trace). With ``hta=True`` (``powertrain import kineto --hta``,
+needs ``pip install powertrain[kineto]``) HTA's own whole-trace figure is recorded next to ours in
+``run.json["kineto"]["hta_comp_comm_overlap_pct"]`` as a cross-check.
 """
 
 from __future__ import annotations
@@ -216,7 +218,26 @@ def analyze_trace(path: Path, data: dict[str, Any]) -> tuple[int, list[dict[str,
     return rank, events + comm_events, summary
 
 
-def import_kineto(paths: Sequence[str | Path], name: str | None = None) -> RunBuilder:
+HTA_MISSING = ("Holistic Trace Analysis is not installed: pip install 'powertrain[kineto]' "
+               "(PyPI HolisticTraceAnalysis, import hta), or import without --hta")
+
+
+def hta_overlap_pct(files: Sequence[Path]) -> dict[str, float]:
+    """HTA's comm/comp overlap (% of communication time overlapped by compute) per rank."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        raise ImportError(HTA_MISSING) from None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="powertrain-hta-") as d:
+        for f in files:  # HTA reads a folder of one trace per rank
+            (Path(d) / f.name).symlink_to(f.resolve())
+        df = TraceAnalysis(trace_dir=d).get_comm_comp_overlap(visualize=False)
+    return {str(int(r)): float(v) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"], strict=True)}
+
+
+def import_kineto(paths: Sequence[str | Path], name: str | None = None, hta: bool = False) -> RunBuilder:
     """Import one Kineto trace per rank (files or folders of ``*.json`` / ``*.json.gz``)."""
     b = RunBuilder(format="kineto", name=name)
     files: list[Path] = []
@@ -242,5 +263,8 @@ def import_kineto(paths: Sequence[str | Path], name: str | None = None) -> RunBu
     b.info["kineto"] = {"per_rank": summaries,
                         "method": "union of kernel intervals per category; overlapped = |comm ∩ compute|; "
                                   "exposed = comm - overlapped (powertrain.importers.kineto)"}
+    if hta:
+        b.info["kineto"]["hta_comp_comm_overlap_pct"] = hta_overlap_pct(files)
+        b.info["kineto"]["hta_note"] = "HTA: whole trace per rank; ours: inside ProfilerStep windows"
     b.add_events(events_table(events))
     return b
