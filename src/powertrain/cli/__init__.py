@@ -45,6 +45,7 @@ from powertrain.cli import plan as _plan  # noqa: E402,F401
 from powertrain.cli import sweep as _sweep  # noqa: E402,F401
 from powertrain.cli import summarize as _summarize  # noqa: E402,F401
 from powertrain.cli import report as _report  # noqa: E402,F401
+from powertrain.cli import trace as _trace  # noqa: E402,F401
 
 
 def main() -> None:
