@@ -101,6 +101,8 @@ def load_sweep(path: str | Path, *, refresh: bool = False) -> tuple[list[dict[st
         else:
             status = e.get("status") or "not-run"
             kind, metrics, config, reason = "none", {}, e.get("config"), e.get("reason")
+            if status in ("ok", "failed", "oom", "running") and not reason:
+                reason = f"sweep.json says {status}, but the run folder {rid}/ is not here"
         row: dict[str, Any] = {"id": rid, "status": status, "kind": kind, "reason": reason,
                                "variant": e.get("variant"), **config_columns(config)}
         for k, v in (e.get("axes") or {}).items():

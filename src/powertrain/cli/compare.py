@@ -1,0 +1,77 @@
+"""``powertrain compare A B``: two runs (measured or predicted) or two sweeps, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from powertrain.analyze import format_value
+from powertrain.cli import app
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _ratio(r: float | None) -> str:
+    return "—" if r is None else f"{r:.3f}×"
+
+
+def _side(meta: dict) -> str:
+    tag = "PREDICTION" if meta.get("kind") == "prediction" else "measured"
+    return f"{meta.get('run')} ({tag}, {meta.get('status')})"
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="Run directory or sweep folder A (the baseline).")],
+    b: Annotated[Path, typer.Argument(help="Run directory or sweep folder B (compared with A).")],
+    all_metrics: Annotated[bool, typer.Option("--all", help="Also list metrics null on both sides.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+) -> None:
+    """Side-by-side metrics of two runs — measured or predicted — or of two sweeps (matched run by run),
+    with the ratio B/A and which side is better. Predictions are labelled."""
+    from powertrain.analyze.compare import compare as do_compare
+
+    for p in (a, b):
+        if not p.exists():
+            err.print(f"[red]error:[/] {p} does not exist")
+            raise typer.Exit(2)
+    try:
+        res = do_compare(a, b, keep_null=all_metrics)
+    except (ValueError, FileNotFoundError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        out.print_json(json.dumps(res, default=str))
+        return
+    if res["kind"] == "runs":
+        t = Table(title=f"A = {_side(res['a'])}\nB = {_side(res['b'])}", header_style="bold")
+        for col, just in (("metric", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("better", "center")):
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for r in res["rows"]:
+            t.add_row(r["metric"], format_value(r["metric"], r["a"]), format_value(r["metric"], r["b"]),
+                      _ratio(r["ratio"]), r["better"])
+        out.print(t)
+        return
+    t = Table(title=f"A = {res['a']}\nB = {res['b']}", header_style="bold")
+    for col, just in (("run", "left"), ("status A / B", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
+                      ("B/A", "right"), ("better", "center")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for p in res["pairs"]:
+        name = p["id_a"] if p["id_a"] == p["id_b"] else f"{p['id_a']} / {p['id_b']}"
+        kinds = {p["kind_a"], p["kind_b"]}
+        if "prediction" in kinds:
+            name += f"\n({p['kind_a']} / {p['kind_b']})"
+        status = f"{p['status_a']} / {p['status_b']}"
+        for i, r in enumerate(p["rows"]):
+            t.add_row(name if i == 0 else "", status if i == 0 else "", r["metric"], format_value(r["metric"], r["a"]),
+                      format_value(r["metric"], r["b"]), _ratio(r["ratio"]), r["better"],
+                      end_section=i == len(p["rows"]) - 1)
+    out.print(t)
+    if res["only_a"] or res["only_b"]:
+        out.print(f"only in A: {', '.join(res['only_a']) or '—'}; only in B: {', '.join(res['only_b']) or '—'}")
