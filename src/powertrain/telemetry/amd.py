@@ -3,23 +3,22 @@
 One row per GPU per sample, labelled ``gpu<i>`` in ``amdsmi_get_processor_handles`` order. What is
 read, with the units the amdsmi 7.x headers document:
 
-============================  ===========================================  =======================
-column                        amdsmi source                                unit → column
-============================  ===========================================  =======================
-``power_w``                   ``amdsmi_get_power_info`` current_socket_power  W (MI300 and newer)
-``power_avg_w``               ``amdsmi_get_power_info`` average_socket_power  W (MI200, Navi)
-``energy_j``                  ``amdsmi_get_energy_count`` accumulator ×        µJ → J, un-wrapped
-                              counter_resolution
-``temp_c`` / ``temp_hotspot_c`` / ``temp_mem_c``  ``amdsmi_get_temp_metric`` EDGE / HOTSPOT (junction) / VRAM, CURRENT  °C
-``clock_sm_mhz`` / ``clock_mem_mhz``  ``amdsmi_get_clock_info`` GFX / MEM ``clk``  MHz
-``util_pct`` / ``util_mem_pct``  ``amdsmi_get_gpu_activity`` gfx / umc        %
-``mem_used_bytes``            ``amdsmi_get_gpu_memory_usage(VRAM)``          bytes (MiB fallback)
-``power_limit_w``             ``amdsmi_get_power_cap_info`` power_cap        µW → W
-``throttle``                  ``amdsmi_get_violation_status`` active_* flags (MI300+), else the
-                              gpu-metrics ``throttle_status`` flag (→ OTHER)
-``link_tx_bytes`` / ``link_rx_bytes``  gpu metrics ``xgmi_write/read_data_acc``, summed over links  KB → bytes (×1024)
-``fan_pct``                   ``amdsmi_get_gpu_fan_speed`` / its maximum     0–255 → %
-============================  ===========================================  =======================
+- ``power_w`` / ``power_avg_w``: ``amdsmi_get_power_info`` current_socket_power (MI300 and newer) /
+  average_socket_power (MI200, Navi), W;
+- ``energy_j``: ``amdsmi_get_energy_count`` energy_accumulator × counter_resolution (µJ), → J,
+  held cumulative across resets;
+- ``temp_c`` / ``temp_hotspot_c`` / ``temp_mem_c``: ``amdsmi_get_temp_metric`` EDGE / HOTSPOT
+  (= junction) / VRAM, CURRENT, °C;
+- ``clock_sm_mhz`` / ``clock_mem_mhz``: ``amdsmi_get_clock_info`` GFX / MEM ``clk``, MHz;
+- ``util_pct`` / ``util_mem_pct``: ``amdsmi_get_gpu_activity`` gfx / umc, %;
+- ``mem_used_bytes``: ``amdsmi_get_gpu_memory_usage(VRAM)``, bytes (``amdsmi_get_gpu_vram_usage``
+  in MiB as a fallback);
+- ``power_limit_w``: ``amdsmi_get_power_cap_info`` power_cap, µW → W;
+- ``throttle``: ``amdsmi_get_violation_status`` active_* flags (MI300 and newer), else the
+  gpu-metrics ``throttle_status`` flag (→ OTHER);
+- ``link_tx_bytes`` / ``link_rx_bytes``: gpu-metrics ``xgmi_write_data_acc`` / ``xgmi_read_data_acc``
+  (KB per link, taken as 1024 bytes), summed over the links present;
+- ``fan_pct``: ``amdsmi_get_gpu_fan_speed`` over ``amdsmi_get_gpu_fan_speed_max`` (0–255 scale), %.
 
 Not measured, on purpose: ``pcie_tx_bytes`` / ``pcie_rx_bytes``. AMD SMI's only byte counts
 (``amdsmi_get_gpu_pci_throughput``) block for a one-second window, and the gpu-metrics

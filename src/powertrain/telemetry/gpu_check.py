@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -245,7 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=0, help="CUDA device index to burn (0)")
     ap.add_argument("--size", type=int, default=8192, help="matrix size n of the n×n bf16 matmul (8192)")
     args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except Exception:  # a crash is "could not run" (2), never mistaken for a failed check (1)
+        traceback.print_exc()
+        print("gpu_check: crashed before finishing its checks (traceback above)", file=sys.stderr)
+        return 2
 
+
+def _run(args: argparse.Namespace) -> int:
     try:
         import torch
     except ImportError:
@@ -258,6 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from powertrain.monitor import Monitor, MonitorError
     from powertrain.store import read_json, read_telemetry
+    from powertrain.telemetry.backend import BackendUnavailable
+    from powertrain.telemetry.nvidia import NvidiaBackend
+
+    try:  # fail here with the backend's one line, before a sampler process is started
+        NvidiaBackend().close()
+    except BackendUnavailable as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
 
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = args.out / "run"

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The NVIDIA telemetry path end to end on one real GPU (issue 2, deliverable 6). Not part of .ci/run.
+#
+#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [-- ARGS for python -m powertrain.telemetry.gpu_check]
+#
+# Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then checks
+# that power rises well above idle, the energy counter agrees with the integral of power within 5 %,
+# temperatures and clocks move and throttle reasons are read. Writes OUT_DIR/gpu_check.{json,md} and
+# the run itself to OUT_DIR/run (default OUT_DIR: results/gpu-check-<UTC time>). Exit 0: all checks
+# passed; 1: a check failed; 2: the check could not run here.
+#
+# Which Python: $PYTHON if set, else the first of .venv/bin/python, .venv-gpu/bin/python, python3
+# whose torch sees a CUDA GPU. The project's .venv (scripts/setup.sh) holds the CPU build of torch;
+# --install-torch replaces it there with the CUDA build of torch==2.13.0 from PyPI (a few GB).
+# A system Python with CUDA torch but without the project's packages gets .venv-gpu, a venv that
+# sees the system packages (so its torch) and adds the project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=""
+install_torch=0
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --install-torch) install_torch=1 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; extra+=("$@"); break ;;
+    -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *)
+      if [ -n "$out" ]; then echo "gpu_check: one OUT_DIR only" >&2; exit 2; fi
+      out=$1 ;;
+  esac
+  shift
+done
+out=${out:-results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,driver_version,persistence_mode,power.limit --format=csv,noheader \
+    | sed 's/^/gpu_check: nvidia-smi: /' || true
+else
+  echo "gpu_check: nvidia-smi not found (continuing: the check reads NVML through nvidia-ml-py)"
+fi
+
+cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
+project_ok() {
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$1" -c 'import numpy, pyarrow, pynvml, powertrain.monitor' \
+    >/dev/null 2>&1
+}
+
+py=""
+for cand in "${PYTHON:-}" .venv/bin/python .venv-gpu/bin/python python3; do
+  [ -n "$cand" ] || continue
+  [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1 || continue
+  if cuda_torch "$cand"; then py=$cand; break; fi
+done
+
+if [ -z "$py" ]; then
+  if [ "$install_torch" = 0 ]; then
+    echo "gpu_check: no Python here has a torch that sees a CUDA GPU (tried ${PYTHON:+$PYTHON, }.venv, .venv-gpu, python3)." >&2
+    echo "gpu_check: rerun with --install-torch to put the CUDA build of torch==2.13.0 into .venv, or set PYTHON=/path/to/python." >&2
+    exit 2
+  fi
+  scripts/setup.sh
+  echo "gpu_check: installing the CUDA build of torch==2.13.0 from PyPI into .venv"
+  .venv/bin/python -m pip uninstall -y -q torch
+  # Bypass any local wheel mirror configured for CPU-only machines: PyPI's Linux torch is the CUDA build.
+  env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+    .venv/bin/python -m pip install -q --index-url https://pypi.org/simple torch==2.13.0
+  cuda_torch .venv/bin/python || {
+    echo "gpu_check: torch installed but it sees no CUDA GPU (driver too old for this torch build?)" >&2
+    exit 2
+  }
+  py=.venv/bin/python
+fi
+
+if ! project_ok "$py"; then
+  case "$py" in
+    .venv/bin/python) scripts/setup.sh ;;
+    *)
+      echo "gpu_check: $py has CUDA torch but not the project's packages; making .venv-gpu (system packages + the project)"
+      "$py" -m venv --system-site-packages .venv-gpu
+      .venv-gpu/bin/python -m pip install -q -e ".[nvidia]" || {
+        echo "gpu_check: could not install the project into .venv-gpu (offline?); install numpy, pyarrow and nvidia-ml-py for $py" >&2
+        exit 2
+      }
+      py=.venv-gpu/bin/python ;;
+  esac
+  project_ok "$py" || { echo "gpu_check: $py still cannot import numpy, pyarrow, pynvml and powertrain" >&2; exit 2; }
+fi
+
+echo "gpu_check: using $py ($("$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
+set +e
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.telemetry.gpu_check --out "$out" ${extra[@]+"${extra[@]}"}
+rc=$?
+set -e
+case $rc in
+  0) echo "gpu_check: PASSED — $out/gpu_check.md" ;;
+  1) echo "gpu_check: FAILED — see $out/gpu_check.md" ;;
+  *) echo "gpu_check: could not run (exit $rc)" ;;
+esac
+exit $rc
