@@ -1,0 +1,95 @@
+"""Training logs → step events: Megatron-LM, torchtitan, NeMo/Lightning (synthetic lines in their formats)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow.compute as pc
+import pytest
+
+from powertrain.importers import import_sources
+from powertrain.importers.common import ImportWarning_, SourceFormatError
+from powertrain.importers.framework_logs import import_framework_log, sniff
+from powertrain.store import read_events
+
+
+def _utc_ns(*a):
+    return int(dt.datetime(*a, tzinfo=dt.UTC).timestamp()) * 10**9
+
+
+def _megatron_line(ts, it, ms, loss, tflops=180.5, gbs=512):
+    return (f" [{ts}] iteration {it:8d}/  500000 | consumed samples: {it * gbs:12d} | elapsed time per iteration "
+            f"(ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | learning rate: 3.000000E-04 | "
+            f"global batch size: {gbs:5d} | lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 1.234 | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+
+
+def test_megatron_single_iteration_lines_are_steps(tmp_path):
+    f = tmp_path / "megatron.log"
+    f.write_text("building GPT model ...\n"
+                 + _megatron_line("2024-05-01 10:00:02", 1, 2000.0, 11.0)
+                 + "[after training is done] datetime: ...\n"
+                 + _megatron_line("2024-05-01 10:00:04", 2, 1500.0, 10.5)
+                 + _megatron_line("2024-05-01 10:00:34", 12, 1400.0, 9.5))
+    assert sniff(f) == "megatron"
+    b = import_framework_log([f], tz="UTC", seq_len=2048)
+    ev = b.events()
+    steps = ev.filter(pc.equal(ev.column("kind"), "step"))
+    assert steps.column("step").to_pylist() == [1, 2]
+    assert steps.column("t_end_ns").to_pylist()[1] == _utc_ns(2024, 5, 1, 10, 0, 4)
+    assert steps.column("t_start_ns").to_pylist()[1] == _utc_ns(2024, 5, 1, 10, 0, 4) - 1_500_000_000
+    assert steps.column("loss").to_pylist() == [11.0, 10.5]
+    assert steps.column("samples").to_pylist() == [512, 512]
+    assert steps.column("tokens").to_pylist() == [512 * 2048, 512 * 2048]
+    assert json.loads(steps.column("attrs")[0].as_py())["tflops_per_gpu"] == 180.5
+    # a line averaging 10 iterations is not a step: per-step times are not in the log
+    interval = ev.filter(pc.equal(ev.column("name"), "train_interval")).to_pylist()
+    assert len(interval) == 1
+    attrs = json.loads(interval[0]["attrs"])
+    assert attrs["iterations"] == 10 and attrs["step_time_s"] == 1.4 and attrs["first_step"] == 3
+    assert interval[0]["t_end_ns"] - interval[0]["t_start_ns"] == 14_000_000_000
+
+
+def test_torchtitan_lines_with_colours(tmp_path):
+    red, reset = "\x1b[31m", "\x1b[39m"
+    lines = [f"[titan] 2025-01-01 12:00:{s:02d},{ms:03d} - root - INFO - {red}step: {step:2d}  "
+             f"loss: {loss:7.4f}  memory: 30.12GiB(38.12%)  tps: 6,123  tflops: 123.45  mfu: 39.57%{reset}\n"
+             for s, ms, step, loss in [(0, 0, 1, 12.0), (1, 500, 2, 11.0), (3, 0, 3, 10.0), (10, 0, 8, 9.0)]]
+    f = tmp_path / "titan.log"
+    f.write_text("[titan] 2025-01-01 11:59:00,000 - root - INFO - Building llama3 8B\n" + "".join(lines))
+    assert sniff(f) == "torchtitan"
+    ev = import_framework_log([f], tz="UTC").events()
+    steps = ev.filter(pc.equal(ev.column("kind"), "step"))
+    assert steps.column("step").to_pylist() == [2, 3]  # step 1 has no earlier line to start its window
+    assert (steps.column("t_end_ns")[0].as_py() - steps.column("t_start_ns")[0].as_py()) == 1_500_000_000
+    assert steps.column("mem_peak_bytes")[0].as_py() == int(30.12 * 2**30)
+    a = json.loads(steps.column("attrs")[0].as_py())
+    assert a["tps_per_gpu"] == 6123 and a["mfu_pct"] == 39.57
+    assert ev.filter(pc.equal(ev.column("name"), "train_interval")).num_rows == 1  # steps 4..8 in one line
+
+
+def test_nemo_progress_bars_give_back_to_back_steps(tmp_path):
+    bars = "".join(f"\rEpoch 0: :  {i}%|#| {i}/50 [00:{i:02d}<01:00, reduced_train_loss={7 - i / 10:.3f}, "
+                   f"global_step={i - 1}.0, consumed_samples={i * 128}.0, train_step_timing in s={1.5 + i / 100:.2f}]"
+                   for i in range(1, 6))
+    f = tmp_path / "nemo.log"
+    f.write_text("Loading...\n" + bars + bars[-120:] + "\n")
+    with pytest.warns(ImportWarning_, match="relative"):
+        out = import_sources("framework_log", [f], tmp_path / "run")
+    ev = read_events(out)
+    assert ev.column("step").to_pylist() == [0, 1, 2, 3, 4]
+    dur = [(e - s) / 1e9 for s, e in zip(ev.column("t_start_ns").to_pylist(), ev.column("t_end_ns").to_pylist(),
+                                         strict=True)]
+    assert dur == pytest.approx([1.51, 1.52, 1.53, 1.54, 1.55])
+    assert ev.column("t_start_ns")[1].as_py() == ev.column("t_end_ns")[0].as_py()
+    assert "no wall-clock times" in json.loads((out / "run.json").read_text())["time_origin"]
+
+
+def test_broken_megatron_line_is_named(tmp_path):
+    f = tmp_path / "m.log"
+    f.write_text(_megatron_line("2024-05-01 10:00:02", 1, 2000.0, 11.0)
+                 + " iteration        x/  500000 | elapsed time per iteration (ms): 12.0 |\n")
+    with pytest.raises(SourceFormatError, match=r"m\.log:2: Megatron iteration line"):
+        import_sources("framework_log", [f], tmp_path / "run")
+    assert not (tmp_path / "run").exists()
