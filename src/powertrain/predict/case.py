@@ -104,14 +104,20 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
 
     assert isinstance(cfg, RunConfig)
     m, k, hw = cfg.model, cfg.knobs, cfg.hardware
-    lay = cfg.layout.resolve(hw.world) if cfg.layout.dp is None else cfg.layout
+    lay = cfg.layout
+    dp = lay.dp
+    if dp is None:
+        rest = lay.tp * lay.pp * lay.cp
+        if hw.world % rest:
+            lay.resolve(hw.world)  # raises with the fix
+        dp = hw.world // rest
     ov = k.overlap
     dev = device or get_device(hw.device)
     return Case(
         layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
         gated=m.family in GATED_FAMILIES, tied_embeddings=m.tied_embeddings,
-        tp=lay.tp, pp=lay.pp, dp=lay.dp or 1, cp=lay.cp, ep=lay.ep, vp=lay.virtual_stages,
+        tp=lay.tp, pp=lay.pp, dp=dp, cp=lay.cp, ep=lay.ep, vp=lay.virtual_stages,
         sequence_parallel=lay.sequence_parallel, fsdp=lay.fsdp,
         distributed_optimizer=bool(getattr(lay, "distributed_optimizer", False)),
         pp_schedule=lay.pp_schedule, pp_split=lay.pp_split,

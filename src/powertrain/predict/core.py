@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.flops import hardware_flops_per_step, model_flops_per_step
+from powertrain.predict.flops import hardware_flops_per_step, model_flops_per_step, shape_of
 from powertrain.predict.memory import memory_per_device
 from powertrain.predict.power import clock_factor, device_power
 from powertrain.predict.profile import Profile, load_profile
@@ -55,16 +55,17 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
     case = _as_case(cfg)
     dev = case.device
     world = case.world
-    mem_total, mem_bd = memory_per_device(case, c)
+    sh = shape_of(case)
+    mem_total, mem_bd = memory_per_device(case, c, sh)
     fits = mem_total <= dev.memory_bytes
 
     clock = clock_factor(dev, c, case.power_limit_w)
-    st = step_time(case, c, clock)
+    st = step_time(case, c, clock, sh)
     pw = device_power(dev, c, st.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
     dpn = min(case.devices_per_node, world)
     slots = slot_temperatures(dev, dpn, pw.mean_w, pw.peak_w, st.burst_s)
     throttled = [s for s in slots if s.throttled]
-    powers = [pw] * dpn
+    powers = [pw]
     thermal_clock = 1.0
     if throttled:
         # the hottest slot caps its mean power; the whole synchronous job runs at its pace
@@ -73,7 +74,7 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
         if comp_dyn > 0:
             share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
             thermal_clock = max(0.3, share ** (1.0 / c.power_clock_exponent))
-        st_slow = step_time(case, c, clock * thermal_clock)
+        st_slow = step_time(case, c, clock * thermal_clock, sh)
         hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
                            clock * thermal_clock)
         cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
@@ -85,10 +86,10 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
 
     t = st.total_s
     tokens = case.global_batch * case.seq_len
-    mflops = model_flops_per_step(case, case.global_batch)
-    hflops = hardware_flops_per_step(case, case.global_batch, case.recompute)
+    mflops = model_flops_per_step(sh, case.global_batch)
+    hflops = hardware_flops_per_step(sh, case.global_batch, case.recompute)
     peak = dev.peak(case.precision)
-    mean_w = sum(p.mean_w for p in powers) / len(powers)
+    mean_w = sum(p.mean_w for p in powers) / len(powers) if throttled else pw.mean_w
     energy = mean_w * world * t
     metrics: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
     why: dict[str, str] = {}

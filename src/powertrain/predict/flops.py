@@ -37,6 +37,8 @@ class Shape(NamedTuple):
 
 def shape_of(model: Any, seq_len: int | None = None) -> Shape:
     """A Shape from a ModelConfig, a predict Case, or anything with the same attributes."""
+    if type(model) is Shape and (seq_len is None or seq_len == model.seq_len):
+        return model
     gated = getattr(model, "gated", None)
     if gated is None:
         gated = getattr(model, "family", "llama") in ("llama", "mixtral")

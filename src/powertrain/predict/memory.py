@@ -32,22 +32,40 @@ allocator-fragmentation factor (profile coefficients).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.flops import parameter_counts
+from powertrain.predict.flops import Shape, parameter_counts
 from powertrain.predict.profile import Coefficients, Profile, load_profile
 
 
 def stage_layers(case: Case) -> list[int]:
     """Layers per (virtual) pipeline stage, in order, for the case's split rule."""
-    n = case.pp * case.vp
     split = case.pp_split
-    if isinstance(split, list):
-        if len(split) != n or sum(split) != case.layers:
-            raise ValueError(f"pp_split {split} must list {n} stages summing to {case.layers} layers")
-        return list(split)
-    base, extra = divmod(case.layers, n)
+    return list(_stage_layers(case.layers, case.pp, case.vp, tuple(split) if isinstance(split, list) else split))
+
+
+def rank_layers(case: Case) -> tuple[int, ...]:
+    """Layers held by each pipeline rank (its virtual stages summed)."""
+    split = case.pp_split
+    return _rank_layers(case.layers, case.pp, case.vp, tuple(split) if isinstance(split, list) else split)
+
+
+@cache
+def _rank_layers(layers: int, pp: int, vp: int, split: str | tuple[int, ...]) -> tuple[int, ...]:
+    st = _stage_layers(layers, pp, vp, split)
+    return tuple(sum(st[r::pp]) for r in range(pp))
+
+
+@cache
+def _stage_layers(layers: int, pp: int, vp: int, split: str | tuple[int, ...]) -> tuple[int, ...]:
+    n = pp * vp
+    if isinstance(split, tuple):
+        if len(split) != n or sum(split) != layers:
+            raise ValueError(f"pp_split {list(split)} must list {n} stages summing to {layers} layers")
+        return split
+    base, extra = divmod(layers, n)
     out = [base + (1 if i < extra else 0) for i in range(n)]
     if split == "study_uneven" and n > 1:
         # The study's split: even-indexed stages one layer more, odd-indexed one fewer.
@@ -55,7 +73,7 @@ def stage_layers(case: Case) -> list[int]:
             if out[i + 1] > 1:
                 out[i] += 1
                 out[i + 1] -= 1
-    return out
+    return tuple(out)
 
 
 def _bytes_per_param(case: Case) -> tuple[float, float, float]:
@@ -104,12 +122,12 @@ def in_flight_microbatches(case: Case) -> float:
     return float(min(case.pp, m))
 
 
-def memory_per_device(case: Case, coeffs: Coefficients | None = None) -> tuple[float, dict[str, float]]:
+def memory_per_device(case: Case, coeffs: Coefficients | None = None,
+                      shape: Shape | None = None) -> tuple[float, dict[str, float]]:
     """Peak bytes on the busiest device (the larger of the first and the last pipeline stage)."""
     c = coeffs or Coefficients()
-    p = parameter_counts(case)
-    layers = stage_layers(case)
-    per_rank = [sum(layers[i::case.pp]) for i in range(case.pp)]
+    p = parameter_counts(shape or case)
+    per_rank = rank_layers(case)
     dense_layer = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers / case.tp
     expert_layer = p["experts"] / case.layers / (case.tp * case.ep)
     w_b, g_b, o_b = _bytes_per_param(case)

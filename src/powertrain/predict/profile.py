@@ -46,6 +46,9 @@ class Coefficients:
     mem_eff: float = 0.75
     # Host/launch overhead per layer per micro-batch forward (backward costs twice).
     layer_overhead_s: float = 15e-6
+    # Host-side time per MoE layer per micro-batch forward (routing metadata sync, per-expert launches);
+    # the GPU idles meanwhile, so it adds to the step (backward costs twice).
+    moe_layer_overhead_s: float = 300e-6
     # Fixed per-step overhead (optimizer launch, data loading, logging).
     step_overhead_s: float = 0.01
     # Achieved fraction of link bandwidth for NCCL-style collectives.
@@ -119,7 +122,10 @@ def save_profile(profile: Profile, path: str | Path | None = None) -> Path:
     return out
 
 
-def load_profile(name_or_path: str | Path | None = None) -> Profile:
+_CACHE: dict[tuple[str, float], Profile] = {}
+
+
+def load_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
     """A profile by path or name (user folder first, then shipped); None → ``default``."""
     if isinstance(name_or_path, Profile):
         return name_or_path
@@ -128,7 +134,10 @@ def load_profile(name_or_path: str | Path | None = None) -> Profile:
     candidates += [user_profile_dir() / f"{key}.yaml", SHIPPED_DIR / f"{key}.yaml"]
     for path in candidates:
         if path.is_file():
-            return profile_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+            stamp = (str(path.resolve()), path.stat().st_mtime)
+            if stamp not in _CACHE:
+                _CACHE[stamp] = profile_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+            return _CACHE[stamp]
     if key == "default":
         return Profile()
     known = sorted({p.stem for d in (user_profile_dir(), SHIPPED_DIR) if d.is_dir() for p in d.glob("*.yaml")})

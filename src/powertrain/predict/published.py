@@ -141,7 +141,8 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     from powertrain.predict.flops import parameter_counts
 
     if not fsdp and not case.lora:
-        params_dev = sum(parameter_counts(case).values()) / (tp * pp)
+        pc = parameter_counts(case)
+        params_dev = (sum(pc.values()) - pc["experts"]) / (tp * pp) + pc["experts"] / (tp * pp * case.ep)
         if params_dev * 6 > dev.memory_bytes:
             case.fsdp, case.distributed_optimizer = True, False
             out.note = "FSDP assumed: unsharded weights and gradients exceed device memory"

@@ -33,8 +33,8 @@ import math
 from dataclasses import dataclass, field
 
 from powertrain.predict.case import Case
-from powertrain.predict.flops import layer_flops_per_token, parameter_counts, shape_of
-from powertrain.predict.memory import stage_layers
+from powertrain.predict.flops import Shape, layer_flops_per_token, parameter_counts, shape_of
+from powertrain.predict.memory import rank_layers
 from powertrain.predict.profile import Coefficients
 
 OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
@@ -74,10 +74,10 @@ def _link(case: Case, c: Coefficients, stride: int, size: int) -> tuple[float, f
     return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency
 
 
-def step_time(case: Case, c: Coefficients, clock: float = 1.0) -> StepTime:
+def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | None = None) -> StepTime:
     """Predict one step's time. ``clock`` (≤ 1) scales compute throughput (power/thermal limits)."""
     dev = case.device
-    sh = shape_of(case)
+    sh = shape or shape_of(case)
     lf = layer_flops_per_token(sh)
     tp, cp, ep, pp, vp = case.tp, case.cp, case.ep, case.pp, case.vp
     sp = case.sequence_parallel
@@ -156,7 +156,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0) -> StepTime:
         bw, lat = _link(case, c, tp, cp)
         kv_bytes = 2 * n_tok * 2 * case.kv_heads * (h // case.heads) / tp
         t_cp_f = max(0.0, (cp - 1) * (kv_bytes / bw + lat) - c.overlap_eff * t_attn)
-    t_ovh = c.layer_overhead_s
+    t_ovh = c.layer_overhead_s + (c.moe_layer_overhead_s if case.is_moe else 0.0)
     layer_f = t_comp_f + t_mem_f + t_tp_f + t_a2a_f + t_cp_f + t_ovh
     # backward = activation gradients + weight gradients (2 × forward); LoRA skips weight gradients
     bwd = 1.0 if case.lora else 2.0
@@ -177,7 +177,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0) -> StepTime:
     emb = 4 * n_tok * h / bw_mem
 
     # --- pipeline -----------------------------------------------------------------------------------
-    layers = stage_layers(case)
+    layers = rank_layers(case)
     m = case.micro_batches
     p2p = 0.0
     if pp > 1:
@@ -186,7 +186,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0) -> StepTime:
     per_rank = []
     comp_rank = []
     for r in range(pp):
-        n_l = sum(layers[r::pp])
+        n_l = layers[r]
         t = n_l * (layer_f + layer_b) + 2 * vp * p2p * (pp > 1)
         cmp_ = n_l * comp_layer
         if r == pp - 1:
@@ -205,7 +205,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0) -> StepTime:
 
     # --- data-parallel / FSDP collectives -----------------------------------------------------------
     p = parameter_counts(sh)
-    n_stage = max(sum(layers[r::pp]) for r in range(pp))
+    n_stage = max(layers)
     dense_dev = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers * n_stage / tp
     dense_dev += (p["embedding"] + p["head"]) / tp / pp  # spread: first/last stage hold them
     expert_dev = p["experts"] / case.layers * n_stage / (tp * ep)

@@ -60,7 +60,13 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
     """Steady-state and peak temperature of every slot of a node at the given power."""
     th = dev.thermal
     out = []
+    done: dict[float, SlotThermal] = {}
     for s, t_in in enumerate(slot_inlets(th, devices_per_node, mean_w)):
+        if t_in in done:  # slots with the same inlet behave the same
+            d = done[t_in]
+            out.append(SlotThermal(s, t_in, d.steady_c, d.peak_c, d.throttled, d.allowed_power_w,
+                                   d.time_to_steady_s))
+            continue
         steady = t_in + th.r_c_per_w * mean_w
         # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
         peak = steady + th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
@@ -71,7 +77,8 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
         t0 = th.inlet_c if start_c is None else start_c
         gap = abs(steady - t0)
         tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
-        out.append(SlotThermal(s, t_in, steady, peak, throttled, allowed, tts))
+        done[t_in] = SlotThermal(s, t_in, steady, peak, throttled, allowed, tts)
+        out.append(done[t_in])
     return out
 
 
