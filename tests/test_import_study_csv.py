@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pyarrow.compute as pc
@@ -45,7 +46,7 @@ def test_study_layout_imports_with_nulls_unwrapped_counters_and_rank_map(study, 
     assert r9.column("temp_c").to_pylist() == [60.0, None, 62.0, 63.0, 64.0]  # -1 → unknown
     link = r9.column("link_tx_bytes").to_pylist()
     assert link == [WRAP - 3000, WRAP - 2000, WRAP - 1000, WRAP + 500, WRAP + 1500]
-    assert all(b > a for a, b in zip(link, link[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(link))
     r0 = tel.filter(pc.equal(tel.column("host"), "node0"))
     assert r0.num_rows == 6  # 5 shared instants + the sm_clock instant
     assert r0.column("clock_sm_mhz").drop_null().to_pylist() == [1980.0]

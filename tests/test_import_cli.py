@@ -1,0 +1,90 @@
+"""``powertrain import``: what a user sees — a summary, one red line on bad input (exit 2), joined imports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from powertrain.cli import app
+from powertrain.store import read_events, read_telemetry
+
+FIX = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+
+
+def _smi(path: Path, seconds: int = 30) -> Path:
+    lines = ["timestamp, index, power.draw [W], temperature.gpu"]
+    for s in range(seconds * 10):
+        for g in range(2):
+            lines.append(f"2024/05/01 10:{s // 600:02d}:{(s // 10) % 60:02d}.{(s % 10) * 100:03d}, {g}, 500.0 W, 70")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_import_prints_a_summary_and_writes_a_run(tmp_path):
+    res = runner.invoke(app, ["import", "mlperf", str(FIX / "mlperf" / "llama2-70b-lora_1node_8gpu_excerpt"),
+                              "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "imported 2 source(s) as mlperf" in res.output
+    assert "warning:" in res.output and "power_measurement_stop" in res.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["kind"] == "import"
+
+
+def test_bad_input_is_one_red_line_and_exit_2(tmp_path):
+    bad = tmp_path / "gpu.csv"
+    bad.write_text("timestamp, power.draw [W]\n2024/01/01 00:00:00.000, 10 W, 5\n")
+    res = runner.invoke(app, ["import", "nvsmi", str(bad), "--out", str(tmp_path / "run"), "--tz", "UTC"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {bad}:2: expected 2 comma-separated values")
+    assert not (tmp_path / "run").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.csv"]
+
+
+def test_unknown_format_and_existing_out_are_clear(tmp_path):
+    odd = tmp_path / "notes.txt"
+    odd.write_text("hello\n")
+    res = runner.invoke(app, ["import", "auto", str(odd), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "name it: powertrain import KIND" in res.output
+    res = runner.invoke(app, ["import", "csv", str(odd), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "unknown import kind 'csv'" in res.output
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    res = runner.invoke(app, ["import", "zeus", str(FIX / "zeus" / "zeus_monitor_sample_power_mW.csv"),
+                              "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "already exists" in res.output
+
+
+def test_hta_cross_check_asks_for_the_extra_when_missing(tmp_path):
+    try:
+        import hta  # noqa: F401
+        pytest.skip("HolisticTraceAnalysis is installed here")
+    except ImportError:
+        pass
+    res = runner.invoke(app, ["import", "kineto", str(FIX / "kineto"), "--out", str(tmp_path / "run"), "--hta"])
+    assert res.exit_code == 2
+    assert "pip install 'powertrain[kineto]'" in res.output
+
+
+def test_telemetry_and_step_log_join_into_one_run(tmp_path):
+    smi = _smi(tmp_path / "gpu.csv")
+    log = tmp_path / "train.log"
+    log.write_text("".join(
+        f" [2024-05-01 10:00:{s:02d}] iteration {i:8d}/     100 | elapsed time per iteration (ms): 1000.0 | "
+        f"global batch size:     8 | lm loss: 1.0E+00 |\n" for i, s in enumerate(range(5, 15), start=1)))
+    res = runner.invoke(app, ["import", "auto", str(smi), str(log), "--out", str(tmp_path / "run"), "--tz", "UTC"])
+    assert res.exit_code == 0, res.output
+    tel, ev = read_telemetry(tmp_path / "run"), read_events(tmp_path / "run")
+    assert sorted(set(tel.column("device").to_pylist())) == ["gpu0", "gpu1"]
+    assert ev.column("kind").to_pylist() == ["step"] * 10
+    # same clock: the steps lie inside the telemetry span
+    assert tel.column("t_ns")[0].as_py() <= ev.column("t_start_ns")[0].as_py()
+    assert ev.column("t_end_ns")[-1].as_py() <= tel.column("t_ns")[-1].as_py()
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["import"]["format"] == "nvsmi+framework_log"
+    assert info["detected_events"] == []  # a step log came along: no guessing from power
+    assert len(info["import"]["sources"]) == 2
