@@ -183,3 +183,13 @@ def test_powertraces_long_csv_imports_power_and_sm_clock(tmp_path):
         t = sub.column("t_ns").to_numpy()
         wh += total_energy_j(t, sub.column("power_w").to_numpy(), t[0], t[-1])[0] / 3600
     assert wh == pytest.approx(meta["total_energy_wh"], rel=0.005)
+
+
+def test_powertraces_malformed_row_is_named(tmp_path):
+    f = tmp_path / "pt.csv"
+    f.write_text("run_id,timestamp,gpu_id,power_w,sm_clock_mhz\n"
+                 "r,2026-05-07T10:02:32.506Z,0,75.27,345\n"
+                 "r,2026-05-07T10:02:32.606Z,one,75.30,345\n")
+    with pytest.raises(SourceFormatError, match=r"pt\.csv:3: gpu_id 'one' is not a GPU index"):
+        import_sources("powertraces", [f], tmp_path / "run")
+    assert not (tmp_path / "run").exists()
