@@ -61,6 +61,7 @@ class Case:
     overlap_fsdp: bool = True
     overlap_param_gather: bool = False
     power_limit_w: float | None = None
+    measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
     moe_imbalance: float | None = None  # None: the profile's default
     # hardware
@@ -124,5 +125,6 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
         micro_batch=k.micro_batch, global_batch=k.global_batch, recompute=k.recompute,
         precision=k.precision, overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
         overlap_fsdp=ov.fsdp_prefetch, power_limit_w=k.power_limit_w,
+        measured_steps=cfg.protocol.measured_steps,
         device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
     )

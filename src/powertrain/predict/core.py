@@ -21,7 +21,7 @@ from powertrain.predict.thermal import slot_temperatures
 METRIC_NAMES = (
     "step_time_mean_s", "tokens_per_s", "samples_per_s", "tokens_per_s_per_device", "tflops_per_device",
     "model_flops_per_step", "mfu", "hfu", "power_mean_w", "power_peak_w", "power_swing_w",
-    "energy_per_step_j", "j_per_token", "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c",
+    "energy_per_step_j", "energy_j", "j_per_token", "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c",
     "temp_peak_c", "hottest_slot", "throttle_share", "mem_per_device_bytes",
 )
 
@@ -101,7 +101,7 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
     )
     if dev.measured:
         reason = f"{dev.name}: no power or temperature sensor to model it from (catalog values are nominal)"
-        for k in ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "j_per_token",
+        for k in ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "energy_j", "j_per_token",
                   "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c", "temp_peak_c",
                   "hottest_slot", "throttle_share"):
             why[k] = reason
@@ -110,8 +110,10 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
         metrics.update(
             power_mean_w=mean_w, power_peak_w=max(p.peak_w for p in powers),
             power_swing_w=max(p.peak_w for p in powers) - min(p.low_w for p in powers),
-            energy_per_step_j=energy, j_per_token=energy / tokens, tokens_per_j=tokens / energy,
-            samples_per_s_per_mj_study=(case.global_batch / t) / (energy / 1e6),
+            energy_per_step_j=energy, energy_j=energy * case.measured_steps,
+            j_per_token=energy / tokens, tokens_per_j=tokens / energy,
+            # the study's metric, over the measured window as the analysis computes it for runs
+            samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.measured_steps / 1e6),
             temp_mean_c=sum(s.steady_c for s in slots) / len(slots), temp_peak_c=hottest.peak_c,
             hottest_slot=f"gpu{hottest.slot}",
             throttle_share=sum(1 for s in slots if s.throttled) / len(slots),

@@ -180,13 +180,13 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
 def fits(run_config: Any, profile: Profile | str | None = None) -> tuple[bool, float, dict[str, float]]:
     """Whether ``run_config`` (a RunConfig or a Case) fits in device memory.
 
-    Returns ``(fits, bytes_per_device, breakdown)``; the breakdown adds ``capacity``. The planner
+    Returns ``(fits, bytes_per_device, breakdown)``; the breakdown adds ``capacity_bytes``. The planner
     calls this to reject runs before launch.
     """
     case = run_config if isinstance(run_config, Case) else case_from_run_config(run_config)
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     total, bd = memory_per_device(case, prof.coefficients)
-    bd = dict(bd, capacity=case.device.memory_bytes)
+    bd = dict(bd, capacity=case.device.memory_bytes, capacity_bytes=case.device.memory_bytes)
     return total <= case.device.memory_bytes, total, bd
 
 

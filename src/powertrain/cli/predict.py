@@ -1,0 +1,129 @@
+"""``powertrain predict``: the analytical model on a run spec, a sweep spec, or the study's matrices."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from powertrain.cli import app
+
+out = Console(soft_wrap=False)
+err = Console(stderr=True, soft_wrap=True)
+
+_COLS = (("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}"), ("step_time_mean_s", "step s", "{:.3g}"),
+         ("power_mean_w", "W mean", "{:.0f}"), ("power_peak_w", "W peak", "{:.0f}"), ("j_per_token", "J/tok", "{:.3g}"),
+         ("temp_peak_c", "°C peak", "{:.0f}"), ("hottest_slot", "hottest", "{}"), ("throttle_share", "throttle", "{:.0%}"),
+         ("mem_per_device_bytes", "GiB/dev", "{:.1f}"))
+
+
+def _fmt(key: str, fmt: str, v: object) -> str:
+    if v is None:
+        return "—"
+    if key == "mem_per_device_bytes":
+        v = float(v) / 2**30  # type: ignore[arg-type]
+    return fmt.format(v)
+
+
+@app.command("predict")
+def predict_cmd(
+    spec: Annotated[Path | None, typer.Argument(help="Run spec or sweep spec YAML (omit with --study).")] = None,
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Calibration profile name or YAML path.")] = "default",
+    out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Write each prediction as a run directory here.")] = None,
+    study: Annotated[bool, typer.Option("--study", help="Predict the study's 32×H200 and 64×H100 matrices.")] = False,
+    figure: Annotated[Path | None, typer.Option("--figure", help="With --study: write the cluster comparison (PNG+SVG) to this stem.")] = None,
+    hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines.")] = False,
+) -> None:
+    """Predict memory, step time, throughput, power, energy and temperature without running anything.
+
+    Every result is labelled a prediction, with its profile and the model's validation error.
+    With --out, each configuration becomes a run directory (kind "prediction") that `report` and
+    `compare` read like a measured run.
+
+    Examples:
+
+      powertrain predict examples/llama3-70b.yaml --profile default
+
+      powertrain predict sweep.yaml --out results/predicted
+
+      powertrain predict --study --figure results/study-clusters
+    """
+    import os
+
+    from powertrain.predict import load_profile, predict, write_prediction
+    from powertrain.predict.case import case_from_run_config
+
+    if hardware:
+        os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
+        from powertrain.hardware import _default_catalog
+
+        _default_catalog.cache_clear()
+    try:
+        prof = load_profile(profile)
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    configs = []
+    if study:
+        from powertrain.predict.study import study_configs
+
+        configs = list(study_configs())
+    elif spec is None:
+        err.print("[red]error:[/] give a SPEC file, or --study for the study's matrices")
+        raise typer.Exit(2)
+    else:
+        from powertrain.plan.sweep_spec import SpecError, expand, load_sweep_spec
+
+        try:
+            expanded = expand(load_sweep_spec(spec))
+        except SpecError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        for e in expanded:
+            if e.config is None:
+                err.print(f"[yellow]skipped[/] grid point {e.index}: {e.error}")
+            else:
+                configs.append(e.config)
+    t0 = time.perf_counter()
+    results = []
+    for cfg in configs:
+        try:
+            results.append((cfg, predict(case_from_run_config(cfg), prof)))
+        except (KeyError, ValueError) as exc:
+            err.print(f"[yellow]skipped[/] {cfg.name}: {exc}")
+    elapsed = time.perf_counter() - t0
+    if out_dir is not None:
+        # one configuration: OUT is its run directory; several: one run directory each under OUT
+        for cfg, pred in results:
+            target = out_dir / cfg.name.replace("/", "_") if len(results) > 1 else out_dir
+            write_prediction(target, cfg, pred)
+        err.print(f"wrote {len(results)} prediction run director{'y' if len(results) == 1 else 'ies'} under {out_dir}")
+    if as_json:
+        for cfg, pred in results:
+            out.print_json(json.dumps(pred.summary(cfg.model_dump(mode="json")), default=str))
+    else:
+        table = Table(title=f"PREDICTED with profile {prof.name!r}", header_style="bold")
+        table.add_column("run", overflow="fold")
+        for _, label, _ in _COLS:
+            table.add_column(label, justify="right")
+        table.add_column("fits")
+        for cfg, pred in results:
+            m = pred.metrics
+            table.add_row(cfg.name, *(_fmt(k, f, m.get(k)) for k, _, f in _COLS),
+                          "yes" if pred.fits else "[red]no[/]")
+        out.print(table)
+        errtxt = ", ".join(f"{k} {v:.1%}" for k, v in prof.error.items() if isinstance(v, float)) or "not validated"
+        out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({prof.name}): {errtxt}.")
+    if study and figure is not None:
+        from powertrain.predict.figures import plot_cluster_comparison
+        from powertrain.predict.study import StudyPoint
+
+        pts = [StudyPoint(c.name.split("/")[0], c.model.name, c.name, c, p) for c, p in results]
+        for p in plot_cluster_comparison(pts, figure):
+            out.print(f"wrote {p}")
