@@ -48,6 +48,8 @@ from powertrain.cli import report as _report  # noqa: E402,F401
 from powertrain.cli import trace as _trace  # noqa: E402,F401
 from powertrain.cli import compare as _compare  # noqa: E402,F401
 from powertrain.cli import run as _run  # noqa: E402,F401
+from powertrain.cli import predict as _predict  # noqa: E402,F401
+from powertrain.cli import calibrate as _calibrate  # noqa: E402,F401
 
 
 def main() -> None:
