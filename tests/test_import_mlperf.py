@@ -135,3 +135,11 @@ def test_malformed_line_names_file_and_line_and_writes_nothing(tmp_path):
     assert exc.value.path.endswith("node_0.txt") and exc.value.line == 42
     assert "not valid JSON" in str(exc.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_dc_side_of_the_same_run_from_gzipped_logs(tmp_path):
+    src = real("gpt3-175b_64node_512gpu")
+    b = import_mlperf([src / "power_dc_gz", next(src.glob("result_*.txt"))])
+    ml = b.info["mlperf"]
+    assert ml["nodes"] == 64 and ml["reported_energy_kwh"] == 408.44
+    assert abs(ml["energy_run_kwh"] / 408.44 - 1) < 1e-3
