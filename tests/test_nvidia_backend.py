@@ -122,6 +122,7 @@ def test_unsupported_fields_are_null_not_zero_and_not_listed():
     gone = {"temp_mem_c", "power_w", "fan_pct", "pcie_tx_bytes", "pcie_rx_bytes", "link_tx_bytes", "link_rx_bytes"}
     assert gone.isdisjoint(info.supported)
     assert "nvlink_links" not in info.properties
+    assert backend.notes == []  # not offered is not an error: nothing to report
     nvml.calls.clear()
     for _ in range(3):
         (row,) = backend.sample("h")
@@ -130,6 +131,13 @@ def test_unsupported_fields_are_null_not_zero_and_not_listed():
         assert row["power_avg_w"] == pytest.approx(98.0) and row["temp_c"] == 35.0
     assert nvml.calls["nvmlDeviceGetFanSpeed"] == 0  # dropped at the probe: the loop stays cheap
     assert backend.incidents == []
+
+
+def test_a_field_failing_at_open_is_named_in_a_note():
+    backend, _ = _backend(FakeGpu(field_errors={"NVML_FI_DEV_MEMORY_TEMP": fake_nvml.NVML_ERROR_UNKNOWN}))
+    assert "temp_mem_c" not in backend.devices()[0].supported
+    assert backend.notes == ["NVIDIA: gpu0: temp_mem_c not read (NVML returned code 999 at open)"]
+    assert backend.sample("h")[0]["temp_mem_c"] is None
 
 
 def test_plain_call_fallbacks_when_a_driver_lacks_the_fields():

@@ -178,6 +178,8 @@ class FakeGpu:
     # Names of functions (e.g. "nvmlDeviceGetFanSpeed") or field constants (e.g.
     # "NVML_FI_DEV_MEMORY_TEMP") this GPU answers with NOT_SUPPORTED.
     unsupported: set[str] = field(default_factory=set)
+    # Field constant → another NVML error code its field value returns (e.g. NVML_ERROR_UNKNOWN).
+    field_errors: dict[str, int] = field(default_factory=dict)
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
     failing: int | None = None  # every call raises NVMLError(code), e.g. NVML_ERROR_UNKNOWN
 
@@ -365,6 +367,8 @@ class FakeNvml:
             return NVML_ERROR_INVALID_ARGUMENT, NVML_VALUE_TYPE_UNSIGNED_INT, None
         if const in g.unsupported:
             return NVML_ERROR_NOT_SUPPORTED, NVML_VALUE_TYPE_UNSIGNED_INT, None
+        if const in g.field_errors:
+            return g.field_errors[const], NVML_VALUE_TYPE_UNSIGNED_INT, None
         u32, u64 = NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         if fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
             links = g.nvlink_tx_kib if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else g.nvlink_rx_kib

@@ -289,14 +289,20 @@ class NvidiaBackend(Backend):
             return set()
         success = int(getattr(nvml, "NVML_SUCCESS", 0))
         kept: list[_Slot] = []
+        odd: dict[str, int] = {}  # column → an unexpected return code at the probe
         for slot, value in zip(candidates, values, strict=True):
-            if int(value.nvmlReturn) == success and self._decode(value) is not None:
+            ret = int(value.nvmlReturn)
+            if ret == success and self._decode(value) is not None:
                 kept.append(slot)
+            elif ret not in _NOT_OFFERED:
+                odd.setdefault(slot.spec.column, ret)
         gpu.slots = kept
+        for col, ret in odd.items():
+            if col not in {s.spec.column for s in kept}:  # not offered ≠ failed: say which it was
+                self.notes.append(f"NVIDIA: gpu{gpu.index}: {col} not read (NVML returned code {ret} at open)")
         links = sorted({s.scope for s in kept if s.spec.per_link})
         if links:
             gpu.info.properties["nvlink_links"] = len(links)
-        # A per-link column is only complete when both directions and every link answered.
         return {s.spec.column for s in kept}
 
     def _probe_readers(self, gpu: _Gpu, exclude: set[str]) -> set[str]:
@@ -470,6 +476,9 @@ class NvidiaBackend(Backend):
 
 
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+# Field return codes that mean "this GPU/driver does not offer it" (INVALID_ARGUMENT: a link index
+# beyond the GPU's links, or a field id the driver predates), as opposed to a read that failed.
+_NOT_OFFERED = {2, 3, 13}  # NVML_ERROR_INVALID_ARGUMENT, _NOT_SUPPORTED, _FUNCTION_NOT_FOUND
 
 
 def _is_lost(exc: BaseException) -> bool:
