@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from powertrain.cli import app
 from powertrain.monitor import MonitorError
@@ -68,7 +69,7 @@ def run(
     if violations:
         err.print(f"[red]error:[/] {spec} cannot run ({len(violations)} problem(s)); nothing was started:")
         for v in violations:
-            err.print(f"  [bold]{v.rule}[/]: {v.message}\n    fix: {v.fix}")
+            err.print(f"  [bold]{v.rule}[/]: {escape(v.message)}\n    fix: {escape(v.fix)}")
         raise typer.Exit(2)
     if check_only:
         err.print(f"[green]ok:[/] {spec} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
@@ -85,7 +86,8 @@ def run(
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     colour = "green" if res.status == "ok" else "red"
-    err.print(f"[bold]run[/] {res.run_dir}  [{colour}]{res.status}[/]" + (f" — {res.reason}" if res.reason else ""))
+    err.print(f"[bold]run[/] {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
+              + (f" — {escape(res.reason)}" if res.reason else ""))
     summary = _step_summary(res.run_dir)
     if summary:
         err.print(summary)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,25 @@ def first_error(run_dir: Path) -> dict[str, Any] | None:
         except (OSError, ValueError):
             continue
     return min(errors, key=lambda e: e.get("t_ns", 0)) if errors else None
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_failures(log: Path) -> dict[int, int]:
+    """rank → exit code of every failed rank in torchrun's failure report."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {int(r): int(c) for r, c in _FAILURE.findall(text)}
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def _tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -179,7 +199,19 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
 
     status, reason = "ok", None
     err = first_error(run.path)
-    if err is not None:
+    failures = torchrun_failures(run.logs_dir / "torchrun.log") if code != 0 else {}
+    # A rank killed without a word (SIGKILL, OOM killer, segfault) is the origin: its peers' errors
+    # ("connection closed by peer") are only echoes of it.
+    killed = sorted(r for r, c in failures.items() if c < 0 and not (run.logs_dir / f"rank-{r}.error.json").exists()
+                    and not (interrupted or timed_out))
+    if killed:
+        # torchrun stops the survivors with SIGTERM: a rank killed by anything else came first.
+        r = next((k for k in killed if failures[k] != -signal.SIGTERM), killed[0])
+        tail = _tail(run.logs_dir / f"rank-{r}.log")
+        error = f"killed by {_signal_name(failures[r])}"
+        mon.info.update(failed_rank=r, error=error, error_tail=tail)
+        status, reason = "failed", f"rank {r} {error}"
+    elif err is not None:
         r = err["rank"]
         tail = _tail(run.logs_dir / f"rank-{r}.log")
         mon.info.update(failed_rank=r, error=err["error"], error_tail=tail)

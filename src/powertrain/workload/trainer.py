@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from powertrain.workload.models import build_model
 from powertrain.workload.parallel.pipeline import build_schedule
 from powertrain.workload.parallelize import Parallelized, parallelize, parameters
 
-# Fault injection for the crash tests: "RANK:STEP" makes that rank raise at that step.
+# Fault injection for the crash tests: "RANK:STEP" makes that rank raise at that step,
+# "RANK:STEP:kill" makes it kill itself with SIGKILL (no Python clean-up at all).
 FAULT_ENV = "POWERTRAIN_FAULT"
 
 
@@ -81,7 +83,7 @@ class Trainer:
             self.schedule = build_schedule(self.par.stages, lay, self.n_micro, loss_fn, self.device,
                                            self.meshes.group("pp"))
         fault = os.environ.get(FAULT_ENV, "")
-        self._fault = tuple(int(x) for x in fault.split(":")) if fault else None
+        self._fault = fault.split(":") if fault else None
         self.losses: list[float | None] = []
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -109,7 +111,9 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------------
     def step(self, i: int) -> StepResult:
         cfg, lay, rec = self.cfg, self.layout, self.rec
-        if self._fault and self._fault == (self.meshes.rank, i):
+        if self._fault and self._fault[:2] == [str(self.meshes.rank), str(i)]:
+            if self._fault[2:] == ["kill"]:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault ({FAULT_ENV}) on rank {self.meshes.rank} at step {i}")
         if self.device_type != "cpu":
             torch.accelerator.reset_peak_memory_stats(self.device)

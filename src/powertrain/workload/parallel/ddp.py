@@ -21,7 +21,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, bucket_mb: float) -> DDP:
     """``model`` replicated over ``dp_mesh`` with gradients averaged in buckets during backward."""
-    return DDP(model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    return DDP(model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True,
+               forward_sync_buffers=False)  # buffers (RoPE tables) are constants: nothing to sync
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -4,15 +4,16 @@ Dispatch (as in Megatron/DeepSpeed-MoE): a rank sorts its routed token slots by 
 peer how many slots it will send to each of the peer's experts (an all-to-all of counts), then sends
 the slots with ``all_to_all_single`` using uneven splits. The receiver regroups them by local expert,
 runs its experts, and a second all-to-all returns the results in the original order. Both token
-all-to-alls are the differentiable ``torch.distributed.nn.functional`` versions, so backward sends
-gradients the opposite way.
+all-to-alls are differentiable (``all_to_all_single_autograd`` of PyTorch's functional collectives,
+which replaces the deprecated ``torch.distributed.nn.functional.all_to_all_single``), so backward
+sends gradients the opposite way.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 
@@ -43,8 +44,7 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
     rc = recv_counts.view(ep, per)  # rc[src, e]: slots from rank src for my local expert e
     send_splits = counts.view(ep, per).sum(1).tolist()
     recv_splits = rc.sum(1).tolist()
-    buf = routed.new_empty((sum(recv_splits), routed.size(1)))
-    recv = dist_fn.all_to_all_single(buf, routed, recv_splits, send_splits, group=group)
+    recv = _all_to_all(routed, recv_splits, send_splits, group)
     # Received slots are ordered (src, expert); regroup them (expert, src) for the expert loop.
     starts = torch.cumsum(rc.flatten(), 0) - rc.flatten()
     perm = torch.cat([torch.arange(int(starts[s * per + e]), int(starts[s * per + e] + rc[s, e]))
@@ -52,5 +52,10 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
     perm = perm.to(routed.device)
     out = moe.expert_ffn(recv[perm], rc.sum(0).tolist())
     back = torch.empty_like(out).index_copy(0, perm, out)
-    buf2 = routed.new_empty((sum(send_splits), routed.size(1)))
-    return dist_fn.all_to_all_single(buf2, back, send_splits, recv_splits, group=group)
+    return _all_to_all(back, send_splits, recv_splits, group)
+
+
+def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: object) -> torch.Tensor:
+    """Differentiable uneven all-to-all (its backward is the reverse all-to-all)."""
+    out = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)  # type: ignore[arg-type]
+    return funcol.wait_tensor(out)
