@@ -32,33 +32,10 @@ from powertrain.importers.common import (
     resolve_zone,
     telemetry_table,
 )
-from powertrain.schema import Throttle
+from powertrain.telemetry.nvidia import throttle_from_nvml
 
-# NVML clock (throttle / "event") reason bits → vendor-neutral Throttle bits.
-NVML_REASONS: dict[int, Throttle] = {
-    0x1: Throttle.IDLE,  # GpuIdle
-    0x2: Throttle.APP_CLOCKS,  # ApplicationsClocksSetting
-    0x4: Throttle.POWER_CAP,  # SwPowerCap
-    0x8: Throttle.HW_SLOWDOWN,  # HwSlowdown
-    0x10: Throttle.SYNC_BOOST,  # SyncBoost
-    0x20: Throttle.THERMAL_SW,  # SwThermalSlowdown
-    0x40: Throttle.THERMAL_HW,  # HwThermalSlowdown
-    0x80: Throttle.POWER_BRAKE,  # HwPowerBrakeSlowdown
-    0x100: Throttle.OTHER,  # DisplayClockSetting
-}
-
-
-def nvml_reasons_to_throttle(mask: int) -> int:
-    """Map an NVML reason mask onto :class:`Throttle` bits; unknown set bits become ``OTHER``."""
-    out = 0
-    rest = mask
-    for bit, flag in NVML_REASONS.items():
-        if mask & bit:
-            out |= flag
-            rest &= ~bit
-    if rest:
-        out |= Throttle.OTHER
-    return int(out)
+# One mapping of NVML reason bits for live sampling and imports alike.
+nvml_reasons_to_throttle = throttle_from_nvml
 
 
 _MIB = 1 << 20

@@ -64,7 +64,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def devices(self) -> list[DeviceInfo]:
-        """The devices this backend samples, in row order."""
+        """The devices this backend samples, in row order (must still answer after close())."""
 
     @abc.abstractmethod
     def sample(self, host: str) -> list[dict[str, Any]]:
