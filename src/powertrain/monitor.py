@@ -25,13 +25,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from powertrain.schema import TELEMETRY_FIELDS
-from powertrain.store.rundir import RunDir, default_host, read_json
+from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
 from powertrain.store.tables import finalize_run_streams
 from powertrain.telemetry.sampler import DEFAULT_RATE_HZ, clock_info
 
@@ -99,8 +99,10 @@ class Monitor:
         command: Sequence[str] | None = None,
         host: str | None = None,
         flush_s: float = 1.0,
+        prometheus: str | None = None,
     ) -> None:
         self.run = RunDir(out)
+        self.prometheus = prometheus
         self.rate_hz = rate_hz
         self.backends = backends if isinstance(backends, str) else ",".join(backends)
         self.name = name or self.run.path.name
@@ -157,6 +159,8 @@ class Monitor:
             "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,
             "--flush", str(self.flush_s), "--watch-parent",
         ]
+        if self.prometheus:
+            cmd += ["--prometheus", self.prometheus]
         # Own process group: a terminal Ctrl-C reaches us, and we stop the sampler in order.
         self.sampler = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, process_group=0)
         deadline = time.monotonic() + SAMPLER_START_TIMEOUT_S
@@ -170,6 +174,25 @@ class Monitor:
                 self._finish("failed", "telemetry sampler did not start within 60 s")
                 raise MonitorError("the telemetry sampler did not start within 60 s")
             time.sleep(0.02)
+
+    def attach(self, timeout_s: float = SAMPLER_START_TIMEOUT_S) -> Monitor:
+        """Join a run that another process created (``run.json`` exists or appears within
+        ``timeout_s``): start only this host's sampler, write no ``run.json``. For the first process of
+        every other node of a multi-node job; the run's owner collects every host's sampler meta."""
+        deadline = time.monotonic() + timeout_s
+        while not self.run.exists():
+            if time.monotonic() > deadline:
+                raise MonitorError(f"{self.run.path}: no run.json appeared within {timeout_s:.0f} s; the "
+                                   "run's first process did not start (shared filesystem assumed)")
+            time.sleep(0.05)
+        self.info = read_json(self.run.run_json)
+        self._attached = True
+        self._start_sampler()
+        return self
+
+    def detach(self) -> None:
+        """Stop the sampler started by :meth:`attach` (``run.json`` stays the owner's)."""
+        self._stop_sampler()
 
     def check_sampler(self) -> bool:
         """True while the sampler runs; records how it died otherwise."""
@@ -220,11 +243,14 @@ class Monitor:
         return _iso(t_last) or "the start (no sample was written)"
 
     def _finish(self, status: str, reason: str | None, exit_code: int | None = None) -> dict[str, Any]:
+        if getattr(self, "_attached", False):
+            raise MonitorError("cannot finish a run this process only attached to (call detach())")
         finalize_run_streams(self.run.path)
         t1 = time.time_ns()
         self.info.update(status=status, reason=reason, exit_code=exit_code, end_ns=t1, end=_iso(t1))
         self.info["clock"]["end"] = clock_info()
         self.info.update(collect_devices(self.run))
+        self.info["hosts"] = sorted({*self.info.get("hosts", []), *self.info.get("sampler_hosts", {})})
         self.run.write(self.info)
         return self.info
 
@@ -282,28 +308,55 @@ def run_command(
     rate_hz: float = DEFAULT_RATE_HZ,
     backends: Sequence[str] | str = "auto",
     echo: bool = True,
+    on_output: Callable[[bytes, str], None] | None = None,
+    prometheus: str | None = None,
+    env: Mapping[str, str] | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``argv`` under the sampler; returns (the command's exit code, the final ``run.json``).
 
     The command's stdout/stderr go to the terminal (when ``echo``) and to ``logs/command.stdout`` /
     ``logs/command.stderr``. SIGINT and SIGTERM are forwarded once to the command's process group;
     if it has not exited 10 s later it is killed.
+
+    The command sees ``$POWERTRAIN_RUN_DIR`` (so :mod:`powertrain.hooks` markers land in this run)
+    plus ``env``. ``on_output(chunk, "stdout"|"stderr")`` is called with every chunk of its output
+    as it arrives (``powertrain monitor --parse``); ``on_exit()`` runs once the command's output is
+    drained, before the run's streams are compacted (close what ``on_output`` writes there);
+    ``prometheus`` (``[HOST:]PORT``) serves the sampler's readings live.
     """
     if not argv:
         raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
-    mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv))
+    mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus)
     mon.start()
-    logs = mon.run.logs_dir
     try:
-        child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+        code, received = _supervise(argv, mon.run, mon, "command", echo=echo, on_output=on_output, env=env)
     except OSError as exc:
         mon.stop("failed", f"could not start the command: {exc}", exit_code=127)
         return 127, mon.info
+    if on_exit is not None:
+        on_exit()
+    status, reason = _outcome(code, received)
+    info = mon.stop(status, reason, exit_code=code)
+    return code, info
+
+
+def _supervise(argv: Sequence[str], run: RunDir, mon: Monitor | None, log_name: str, *, echo: bool,
+               on_output: Callable[[bytes, str], None] | None, env: Mapping[str, str] | None
+               ) -> tuple[int, list[int]]:
+    """Run ``argv`` to its end with output pumped to ``logs/<log_name>.std{out,err}``; returns its exit
+    code and the signals forwarded to it. Raises ``OSError`` when it cannot be started."""
+    logs = run.logs_dir
+    child_env = {**os.environ, "POWERTRAIN_RUN_DIR": str(run.path.resolve()), **(env or {})}
+    child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0,
+                             env=child_env)
     pumps = [
-        threading.Thread(target=_pump, args=(child.stdout, logs / "command.stdout",
-                                             sys.stdout.buffer if echo else None), daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, logs / "command.stderr",
-                                             sys.stderr.buffer if echo else None), daemon=True),
+        threading.Thread(target=_pump, args=(child.stdout, logs / f"{log_name}.stdout",
+                                             sys.stdout.buffer if echo else None, on_output, "stdout"),
+                         daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, logs / f"{log_name}.stderr",
+                                             sys.stderr.buffer if echo else None, on_output, "stderr"),
+                         daemon=True),
     ]
     for t in pumps:
         t.start()
@@ -325,7 +378,7 @@ def run_command(
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if mon.sampler_death is None and not mon.check_sampler():
+            if mon is not None and mon.sampler_death is None and not mon.check_sampler():
                 # Keep the user's job going; the run is marked failed at the end.
                 print(f"powertrain: {mon.sampler_death}; the command keeps running", file=sys.stderr)
             if received and kill_at is None:
@@ -337,23 +390,147 @@ def run_command(
             signal.signal(s, h)
     for t in pumps:
         t.join(timeout=5)
+    return code, received
+
+
+def _outcome(code: int, received: list[int]) -> tuple[str, str | None]:
     if received:
-        status, reason = "failed", f"interrupted ({signal.Signals(received[0]).name}); command {_signal_reason(code)}"
-    elif code != 0:
-        status, reason = "failed", f"command {_signal_reason(code)}"
+        return "failed", f"interrupted ({signal.Signals(received[0]).name}); command {_signal_reason(code)}"
+    if code != 0:
+        return "failed", f"command {_signal_reason(code)}"
+    return "ok", None
+
+
+# -- several tasks per node (srun -n N powertrain monitor ...) ------------------------------------
+TASK_WAIT_S = 300.0
+
+
+def slurm_task(environ: Mapping[str, str] | None = None) -> dict[str, int] | None:
+    """This process's place in a Slurm job step with more than one task, or ``None``.
+
+    Read from ``SLURM_STEP_NUM_TASKS`` (set by ``srun`` for its tasks, not in a batch script),
+    ``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_STEP_NUM_NODES``.
+    """
+    e = os.environ if environ is None else environ
+    try:
+        ntasks = int(e["SLURM_STEP_NUM_TASKS"])
+        task = {"ntasks": ntasks, "procid": int(e["SLURM_PROCID"]), "localid": int(e["SLURM_LOCALID"]),
+                "nnodes": int(e.get("SLURM_STEP_NUM_NODES") or e.get("SLURM_NNODES") or 1)}
+    except (KeyError, ValueError):
+        return None
+    return task if ntasks > 1 else None
+
+
+def _task_marker(run: RunDir, procid: int) -> Path:
+    return run.logs_dir / f"task-{procid}.exit.json"
+
+
+def _wait_tasks(run: RunDir, ntasks: int, timeout_s: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Exit records of every task (shared filesystem), waiting up to ``timeout_s``; and the missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = {i: read_json(_task_marker(run, i)) for i in range(ntasks) if _task_marker(run, i).is_file()}
+        missing = [i for i in range(ntasks) if i not in done]
+        if not missing or time.monotonic() > deadline:
+            return done, missing
+        time.sleep(0.1)
+
+
+def _wait_node_samplers(run: RunDir, nnodes: int, timeout_s: float = 30.0) -> None:
+    """Give the other nodes' samplers time to write their final meta before the run is closed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        metas = [read_json(m) for m in run.telemetry_dir.glob("*.meta.json")]
+        if sum(1 for m in metas if m.get("finished")) >= nnodes - 1:
+            return
+        time.sleep(0.1)
+
+
+def run_task_command(
+    argv: Sequence[str],
+    out: str | os.PathLike[str],
+    task: Mapping[str, int],
+    *,
+    rate_hz: float = DEFAULT_RATE_HZ,
+    backends: Sequence[str] | str = "auto",
+    echo: bool = True,
+    on_output: Callable[[bytes, str], None] | None = None,
+    prometheus: str | None = None,
+    task_wait_s: float = TASK_WAIT_S,
+    on_exit: Callable[[], None] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """One task of ``srun -n N powertrain monitor --out DIR -- CMD``: one run, one sampler per node.
+
+    Task 0 (``SLURM_PROCID=0``) creates the run and samples its node; the first task of every other
+    node (``SLURM_LOCALID=0``) only starts its node's sampler (:meth:`Monitor.attach`); the remaining
+    tasks only run the command. Every task runs ``CMD`` with ``$POWERTRAIN_RUN_DIR`` and, where
+    unset, ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm, logs to ``logs/task-<i>.std*``
+    and leaves ``logs/task-<i>.exit.json``; samplers run until every task has ended. DIR must be on
+    a filesystem every node shares. Returns this task's exit code and (task 0) the final ``run.json``.
+    """
+    if not argv:
+        raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
+    procid, localid, ntasks = task["procid"], task["localid"], task["ntasks"]
+    env = {k: str(v) for k, v in (("RANK", procid), ("LOCAL_RANK", localid), ("WORLD_SIZE", ntasks))
+           if k not in os.environ}
+    mon: Monitor | None = None
+    run = RunDir(out)
+    if procid == 0:
+        mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus)
+        mon.start()
+        mon.info["slurm"] = {"tasks": ntasks, "nodes": task.get("nnodes", 1),
+                             "job_id": os.environ.get("SLURM_JOB_ID")}
+        mon.run.write(mon.info)
+    elif localid == 0:
+        mon = Monitor(out, rate_hz=rate_hz, backends=backends, prometheus=prometheus).attach(task_wait_s)
     else:
-        status, reason = "ok", None
-    info = mon.stop(status, reason, exit_code=code)
-    return code, info
+        deadline = time.monotonic() + task_wait_s
+        while not run.exists():
+            if time.monotonic() > deadline:
+                raise MonitorError(f"{run.path}: task 0 did not create the run within {task_wait_s:.0f} s "
+                                   "(is --out on a filesystem every node shares?)")
+            time.sleep(0.05)
+    try:
+        code, received = _supervise(argv, run, mon, f"task-{procid}", echo=echo, on_output=on_output, env=env)
+    except OSError as exc:
+        print(f"powertrain: task {procid} could not start the command: {exc}", file=sys.stderr)
+        code, received = 127, []
+    if on_exit is not None:
+        on_exit()
+    write_json_atomic(_task_marker(run, procid), {"procid": procid, "localid": localid, "host": default_host(),
+                                                  "exit_code": code, "end_ns": time.time_ns()})
+    if mon is None:
+        return code, {}
+    done, missing = _wait_tasks(run, ntasks, task_wait_s)
+    if procid != 0:
+        mon.detach()
+        return code, {}
+    if task.get("nnodes", 1) > 1:
+        _wait_node_samplers(run, task["nnodes"])
+    status, reason = _outcome(code, received)
+    failed = [f"task {i} exited with code {d.get('exit_code')}" for i, d in sorted(done.items())
+              if d.get("exit_code") not in (0, None) and i != 0]
+    if missing:
+        failed.append(f"tasks {missing} left no exit record within {task_wait_s:.0f} s")
+    if failed:
+        status, reason = "failed", "; ".join(filter(None, [reason, *failed]))
+    return code, mon.stop(status, reason, exit_code=code)
 
 
-def _pump(src: IO[bytes] | None, dest: Path, echo: IO[bytes] | None) -> None:
+def _pump(src: IO[bytes] | None, dest: Path, echo: IO[bytes] | None,
+          on_output: Callable[[bytes, str], None] | None = None, stream: str = "stdout") -> None:
     if src is None:
         return
     with open(dest, "ab") as f:
         for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
             f.write(chunk)
             f.flush()
+            if on_output is not None:
+                try:
+                    on_output(chunk, stream)
+                except Exception as exc:  # a parser bug must not stall the user's command
+                    print(f"powertrain: output parser failed ({exc!r}); parsing stops", file=sys.stderr)
+                    on_output = None
             if echo is not None:
                 try:
                     echo.write(chunk)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from powertrain.cli import app
-from powertrain.monitor import MonitorError, run_command
+from powertrain.monitor import MonitorError, run_command, run_task_command, slurm_task
 from powertrain.store.tables import read_telemetry
 from powertrain.telemetry.quicklook import per_device
 
@@ -74,6 +74,17 @@ def monitor(
         str, typer.Option("--backends", help="auto, or a comma list of nvidia, amd, host.")
     ] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the command's output.")] = False,
+    parse: Annotated[str | None, typer.Option(
+        "--parse", help="Turn the command's printed step lines into step events, live: megatron, "
+                        "torchtitan or nemo (for engines you cannot edit).")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        "--seq-len", help="With --parse: tokens per sample, to count tokens (logs do not print it).")] = None,
+    warmup_steps: Annotated[int, typer.Option(
+        "--warmup-steps", help="With --parse: leading steps marked warm-up, excluded from metrics.")] = 1,
+    prometheus: Annotated[str | None, typer.Option(
+        "--prometheus", metavar="[HOST:]PORT",
+        help="Serve live readings for Prometheus on this port (dcgm-exporter names); HOST defaults "
+             "to 127.0.0.1, give 0.0.0.0:PORT to expose it on the network.")] = None,
 ) -> None:
     """Run COMMAND under the per-node telemetry sampler and leave a run directory.
 
@@ -81,7 +92,17 @@ def monitor(
     support), telemetry/<host>.parquet (one row per device per sample), and logs/ (the command's
     output and the sampler's log). The command's exit code is passed through.
 
-    Example:  powertrain monitor --out runs/burn --rate 50 -- python train.py --steps 100
+    Examples:
+
+      powertrain monitor --out runs/burn --rate 50 -- python train.py --steps 100
+
+      powertrain monitor --out runs/gpt --parse megatron --seq-len 4096 -- torchrun ... pretrain_gpt.py ...
+
+      srun -N2 --ntasks-per-node=8 powertrain monitor --out /shared/runs/x -- python train.py
+
+    Under srun with several tasks, task 0 owns the run, the first task of each node runs that node's
+    sampler, and every task runs COMMAND: one run directory, one sampler per node (--out must be on
+    a filesystem every node shares).
     """
     if not command:
         err.print("[red]error:[/] no command given. Put it after `--`, e.g. "
@@ -89,13 +110,36 @@ def monitor(
         raise typer.Exit(2)
     if out is None:
         out = Path("runs") / f"monitor-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    parser = None
     try:
-        code, info = run_command(command, out, rate_hz=rate,
-                                 backends=backends if backends == "auto" else backends.split(","),
-                                 echo=not quiet)
+        if prometheus:
+            from powertrain.live.prometheus import parse_listen
+
+            parse_listen(prometheus)  # a bad value is a usage error before anything starts
+        if parse:
+            from powertrain.live.parse import LiveStepParser
+
+            parser = LiveStepParser(parse, out, seq_len=seq_len, warmup_steps=warmup_steps)
+        kw: dict[str, Any] = {"rate_hz": rate, "backends": backends if backends == "auto" else backends.split(","),
+                              "echo": not quiet, "on_output": parser.feed if parser else None,
+                              "on_exit": parser.close if parser else None, "prometheus": prometheus}
+        task = slurm_task()
+        if task is not None:
+            code, info = run_task_command(command, out, task, **kw)
+        else:
+            code, info = run_command(command, out, **kw)
     except (MonitorError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    finally:
+        if parser is not None:
+            parser.close()
+    if parser is not None:
+        err.print(f"parsed {parser.lines} {parse} step line(s) into {parser.steps} event(s) in {out}/events/")
+        if parser.lines == 0:
+            err.print(f"[yellow]no {parse} step line was seen in the command's output[/]")
+    if not info:  # a Slurm task that does not own the run
+        raise typer.Exit(code if code >= 0 else 128 - code)
     print_summary(out, info)
     sys.stdout.flush()
     raise typer.Exit(code if code >= 0 else 128 - code)

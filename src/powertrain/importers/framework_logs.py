@@ -260,3 +260,77 @@ def import_framework_log(
     b.info["engines"] = engines
     b.add_events(events_table(events))
     return b
+
+
+# -- one line at a time (live parsing: ``powertrain monitor --parse ENGINE``) ---------------------
+ENGINES = ("megatron", "torchtitan", "nemo")
+_NEMO2_FIELD = re.compile(r"\|\s*([A-Za-z_ ]+?(?: in s)?):\s*([-+0-9.eE]+|nan|inf)\s*(?=\||$)")
+
+
+def parse_step_line(engine: str, line: str) -> dict[str, Any] | None:
+    """One printed line of ``engine``'s training log → its step fields, or ``None`` if it is no step line.
+
+    Keys (absent when the line does not carry them): ``step`` (the iteration / global step the line
+    ends), ``step_time_s`` (seconds per step as the engine reports it: Megatron's average over the
+    line's interval, NeMo's ``train_step_timing``; torchtitan reports none), ``log_time`` (the line's
+    own wall-clock stamp, ``YYYY-MM-DD HH:MM:SS[.ffffff]`` text), ``loss``, ``global_batch_size``,
+    ``consumed_samples``, ``tps_per_gpu``, ``tflops_per_gpu``, ``mfu_pct``, ``mem_gib``, ``rank``
+    (from a ``[rankN]:`` prefix). Same field rules as the file importers above; NeMo lines are read
+    in both the NeMo 1 progress-bar form (``global_step=49.0, … train_step_timing in s=2.54``) and
+    the NeMo 2 ``Training epoch 0, iteration 1/99 | … | global_step: 1 | … | train_step_timing in
+    s: 2.008`` form.
+    """
+    line = _ANSI.sub("", line)
+    out: dict[str, Any] = {}
+    if (r := _RANK.match(line)) is not None:
+        out["rank"] = int(r.group(1))
+    if engine == "megatron":
+        if "elapsed time per iteration (ms)" not in line:
+            return None
+        ts = re.search(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\]", line)
+        fields: dict[str, str] = {}
+        for part in line.split("|"):
+            if "elapsed" not in part and (m_it := re.search(r"iteration\s+(\d+)\s*/\s*(\d+)", part)):
+                fields["iteration"] = m_it.group(1)
+            elif ":" in part:
+                k, _, v = part.rpartition(":")
+                fields[k.strip().lower()] = v.strip().split("/")[0]
+        step, ms = _num(fields.get("iteration")), _num(fields.get("elapsed time per iteration (ms)"))
+        if step is None or ms is None:
+            return None
+        out.update(step=int(step), step_time_s=ms / 1000.0, log_time=ts.group(1) if ts else None,
+                   loss=_num(fields.get("lm loss")), global_batch_size=_num(fields.get("global batch size")),
+                   consumed_samples=_num(fields.get("consumed samples")),
+                   tflops_per_gpu=_num(fields.get("throughput per gpu (tflop/s/gpu)")))
+    elif engine == "torchtitan":
+        if "step:" not in line or "loss:" not in line:
+            return None
+        m = _TITAN_FIELDS.search(line)
+        if m is None:
+            return None
+        ts = _TITAN_TS.search(line)
+        out.update(step=int(m.group("step")), loss=_num(m.group("loss")), mem_gib=_num(m.group("mem")),
+                   tps_per_gpu=_num(m.group("tps")), tflops_per_gpu=_num(m.group("tflops")),
+                   mfu_pct=_num(m.group("mfu")),
+                   log_time=f"{ts.group(1)}.{ts.group(2) or '0'}" if ts else None)
+    elif engine == "nemo":
+        if "train_step_timing in s" not in line:
+            return None
+        ms, mt = _NEMO_STEP.search(line), _NEMO_TIMING.search(line)
+        if ms and mt:  # NeMo 1 progress bar
+            loss, samples = _NEMO_LOSS.search(line), _NEMO_SAMPLES.search(line)
+            out.update(step=int(float(ms.group(1))), step_time_s=float(mt.group(1)),
+                       loss=float(loss.group(1)) if loss else None,
+                       consumed_samples=float(samples.group(1)) if samples else None)
+        else:  # NeMo 2 ProgressPrinter: "| key: value |" pairs
+            kv = {k.strip(): v for k, v in _NEMO2_FIELD.findall(line + "|")}
+            step, dur = _num(kv.get("global_step")), _num(kv.get("train_step_timing in s"))
+            if step is None or dur is None:
+                return None
+            out.update(step=int(step), step_time_s=dur, loss=_num(kv.get("reduced_train_loss")),
+                       global_batch_size=_num(kv.get("global_batch_size")),
+                       consumed_samples=_num(kv.get("consumed_samples")),
+                       tps_per_gpu=_num(kv.get("tokens_per_sec_per_gpu")))
+    else:
+        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    return {k: v for k, v in out.items() if v is not None}

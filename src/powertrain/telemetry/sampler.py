@@ -49,6 +49,7 @@ class Sampler:
         rate_hz: float = DEFAULT_RATE_HZ,
         flush_s: float = 1.0,
         watch_parent: bool = False,
+        exporter: Any = None,
     ) -> None:
         if not 0 < rate_hz <= MAX_RATE_HZ:
             raise ValueError(f"sampling rate must be in (0, {MAX_RATE_HZ:g}] Hz, got {rate_hz:g}")
@@ -61,6 +62,7 @@ class Sampler:
         self.writer = StreamingTableWriter(
             self.rundir.telemetry_dir / self.host, TELEMETRY_SCHEMA, flush_s=flush_s
         )
+        self.exporter = exporter  # a powertrain.live.prometheus.PrometheusExporter, or None
         self._stop = threading.Event()
         self._parent = os.getppid() if watch_parent else None
         self.samples = 0
@@ -97,6 +99,8 @@ class Sampler:
             "incidents": [i.to_dict() for b in self.backends for i in b.incidents],
             "finished": final,
             "stop_reason": self.stop_reason if final else None,
+            "prometheus": ({"addr": self.exporter.addr, "port": self.exporter.port}
+                           if self.exporter is not None else None),
         }
 
     def _sample_once(self) -> None:
@@ -112,6 +116,8 @@ class Sampler:
             self.t_first_ns = self.t_first_ns or t
             self.t_last_ns = t
         self.writer.append(rows)
+        if self.exporter is not None:
+            self.exporter.update(rows)
         self.samples += 1
 
     def run(self) -> None:
@@ -148,6 +154,8 @@ class Sampler:
             self.writer.close()
             for b in self.backends:
                 b.close()
+            if self.exporter is not None:
+                self.exporter.close()
             write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=True))
             log.info("stopped (%s) after %d samples", self.stop_reason, self.samples)
 
@@ -167,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default=None, help="host label (default: short host name)")
     p.add_argument("--flush", type=float, default=1.0, help="seconds between crash-safe flushes")
     p.add_argument("--watch-parent", action="store_true", help="stop when the starting process exits")
+    p.add_argument("--prometheus", default=None, metavar="[HOST:]PORT",
+                   help="serve the latest readings for Prometheus (HOST defaults to 127.0.0.1)")
     args = p.parse_args(argv)
 
     host = args.host or default_host()
@@ -178,8 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     requested = "auto" if args.backends == "auto" else args.backends.split(",")
     backends, notes = open_backends(requested)
+    exporter = None
+    if args.prometheus:
+        from powertrain.live.prometheus import PrometheusExporter
+
+        exporter = PrometheusExporter(args.prometheus)
+        log.info("serving Prometheus metrics on http://%s:%d/metrics", exporter.addr, exporter.port)
     sampler = Sampler(run.path, backends=backends, notes=notes, host=host, rate_hz=args.rate,
-                      flush_s=args.flush, watch_parent=args.watch_parent)
+                      flush_s=args.flush, watch_parent=args.watch_parent, exporter=exporter)
 
     def on_signal(signum: int, _frame: object) -> None:
         sampler.stop(f"received {signal.Signals(signum).name}")

@@ -1,0 +1,144 @@
+"""Live Prometheus endpoint of the per-node sampler (``powertrain monitor --prometheus [HOST:]PORT``).
+
+The sampler hands each sample's rows to :class:`PrometheusExporter` (one reference assignment, so
+the sampling loop is not slowed); metrics are built from the latest rows only when Prometheus
+scrapes. Every metric carries ``host`` and ``device`` labels (``gpu0``, ``cpu``). Names follow
+NVIDIA dcgm-exporter where DCGM has the same quantity (in DCGM's unit), so existing dashboards and
+alerts work; the rest are ``powertrain_<field>``:
+
+======================  ==========================================  ===========================
+telemetry field         metric                                      unit
+======================  ==========================================  ===========================
+power_w                 DCGM_FI_DEV_POWER_USAGE                     W
+energy_j                DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION        mJ (since an arbitrary origin)
+temp_c                  DCGM_FI_DEV_GPU_TEMP                        °C
+temp_mem_c              DCGM_FI_DEV_MEMORY_TEMP                     °C
+clock_sm_mhz            DCGM_FI_DEV_SM_CLOCK                        MHz
+clock_mem_mhz           DCGM_FI_DEV_MEM_CLOCK                       MHz
+util_pct                DCGM_FI_DEV_GPU_UTIL                        %
+util_mem_pct            DCGM_FI_DEV_MEM_COPY_UTIL                   %
+mem_used_bytes          DCGM_FI_DEV_FB_USED                         MiB
+power_limit_w           DCGM_FI_DEV_POWER_MGMT_LIMIT                W
+fan_pct                 DCGM_FI_DEV_FAN_SPEED                       %
+anything else           powertrain_<field> (e.g. powertrain_throttle, powertrain_link_tx_bytes)
+======================  ==========================================  ===========================
+
+``throttle`` is powertrain's vendor-neutral bit set (:class:`powertrain.schema.Throttle`), not
+DCGM's, hence its own name. A field a device does not report is absent (never 0). Plus
+``powertrain_sampler_samples_total`` and ``powertrain_sample_timestamp_seconds`` per host.
+
+The endpoint binds to 127.0.0.1 unless an address is given: telemetry is not published to the
+network by accident.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from powertrain.schema import TELEMETRY_FIELDS
+
+DEFAULT_ADDR = "127.0.0.1"
+
+# field -> (metric name, help, scale from the field's unit to the metric's)
+DCGM_NAMES: dict[str, tuple[str, str, float]] = {
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", 1.0),
+    "energy_j": ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Energy counter (in mJ), arbitrary origin.", 1e3),
+    "temp_c": ("DCGM_FI_DEV_GPU_TEMP", "Die temperature (in C).", 1.0),
+    "temp_mem_c": ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", 1.0),
+    "clock_sm_mhz": ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1.0),
+    "clock_mem_mhz": ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1.0),
+    "util_pct": ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 1.0),
+    "util_mem_pct": ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", 1.0),
+    "mem_used_bytes": ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 1.0 / 2**20),
+    "power_limit_w": ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Enforced power limit (in W).", 1.0),
+    "fan_pct": ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", 1.0),
+}
+
+
+def metric_name(field: str) -> str:
+    """The exported name of a telemetry field."""
+    return DCGM_NAMES[field][0] if field in DCGM_NAMES else f"powertrain_{field}"
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """``PORT``, ``:PORT`` or ``HOST:PORT`` → (address, port); the address defaults to 127.0.0.1."""
+    host, _, port = spec.rpartition(":")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ValueError(f"--prometheus: expected [HOST:]PORT, e.g. :9400 or 0.0.0.0:9400, got {spec!r}") from None
+    if not 0 <= port_n <= 65535:
+        raise ValueError(f"--prometheus: port must be 0..65535, got {port_n}")
+    return (host.strip("[]") or DEFAULT_ADDR), port_n
+
+
+class PrometheusExporter:
+    """Serves the latest telemetry rows of one sampler over HTTP in the Prometheus text format.
+
+    Args:
+        listen: ``[HOST:]PORT`` (HOST defaults to 127.0.0.1; port 0 picks a free port).
+        labels: extra constant labels on every metric (e.g. ``{"run": "try1"}``).
+    """
+
+    def __init__(self, listen: str, labels: Mapping[str, str] | None = None) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.addr, port = parse_listen(listen)
+        self.labels = dict(labels or {})
+        self._rows: list[dict[str, Any]] = []
+        self._samples: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._server, self._thread = start_http_server(port, addr=self.addr, registry=self.registry)
+        self.port: int = self._server.server_port
+
+    # -- called by the sampler -------------------------------------------------------------------
+    def update(self, rows: list[dict[str, Any]]) -> None:
+        """Remember one sample's rows (cheap: the work is done at scrape time)."""
+        if not rows:
+            return
+        with self._lock:
+            self._rows = rows
+            host = rows[0].get("host", "")
+            self._samples[host] = self._samples.get(host, 0) + 1
+
+    # -- called by prometheus_client at scrape time ----------------------------------------------
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            rows, samples = list(self._rows), dict(self._samples)
+        extra = list(self.labels)
+        names = ["host", "device", *extra]
+        families: dict[str, GaugeMetricFamily] = {}
+        for row in rows:
+            values = [str(row.get("host", "")), str(row.get("device", "")), *self.labels.values()]
+            for field in TELEMETRY_FIELDS:
+                v = row.get(field)
+                if v is None:
+                    continue  # unknown stays absent, never 0
+                name, doc, scale = DCGM_NAMES.get(field, (metric_name(field), f"powertrain telemetry field {field}.", 1.0))
+                fam = families.get(name)
+                if fam is None:
+                    fam = families[name] = GaugeMetricFamily(name, doc, labels=names)
+                fam.add_metric(values, float(v) * scale)
+        yield from families.values()
+        hosts = {str(r.get("host", "")): r.get("t_ns") for r in rows}
+        count = CounterMetricFamily("powertrain_sampler_samples", "Samples taken by this node's sampler.",
+                                    labels=["host", *extra])
+        stamp = GaugeMetricFamily("powertrain_sample_timestamp_seconds", "Time of the latest sample (Unix s).",
+                                  labels=["host", *extra])
+        for host, t_ns in hosts.items():
+            count.add_metric([host, *self.labels.values()], samples.get(host, 0))
+            if t_ns is not None:
+                stamp.add_metric([host, *self.labels.values()], t_ns / 1e9)
+        yield count
+        yield stamp
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
