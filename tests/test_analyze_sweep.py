@@ -38,3 +38,16 @@ def test_not_a_sweep_names_the_fix(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="neither a run directory"):
         load_sweep(tmp_path)
+
+
+def test_summarize_cli_run_and_sweep(sweep):
+    from typer.testing import CliRunner
+
+    from powertrain.cli import app
+
+    r = CliRunner().invoke(app, ["summarize", str(sweep), "--refresh"])
+    assert r.exit_code == 0, r.output
+    assert "summary.parquet" in r.output and "oom" in r.output
+    r = CliRunner().invoke(app, ["summarize", str(sweep / "tp1pp1")])
+    assert r.exit_code == 0, r.output
+    assert "step_time_mean_s" in r.output and "pcie_bytes_per_step" in r.output and "summary.json" in r.output

@@ -16,7 +16,14 @@ import pytest
 from typer.testing import CliRunner
 
 from powertrain.cli import app
-from powertrain.predict import collect_runs, fit_profile, load_profile, predict, read_measured_run, write_prediction
+from powertrain.predict import (
+    collect_runs,
+    fit_profile,
+    load_profile,
+    predict,
+    read_measured_run,
+    write_prediction,
+)
 from powertrain.predict.case import case_from_run_config
 from powertrain.predict.profile import Profile
 from powertrain.schema import EVENTS_SCHEMA

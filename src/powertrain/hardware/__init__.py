@@ -22,6 +22,10 @@ import yaml
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+# Where a device lacks a format, the next wider one it has runs the work.
+_FALLBACK = {"fp4": ("fp4", "fp8", "bf16", "fp16", "fp32"), "fp8": ("fp8", "bf16", "fp16", "fp32"),
+             "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"),
+             "fp32": ("fp32",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,7 @@ class DeviceSpec:
 
         fp8 on a device without fp8 runs at 16-bit rate, fp16 on a device without it at bf16/fp32.
         """
-        order = {"fp4": ("fp4", "fp8", "bf16", "fp16"), "fp8": ("fp8", "bf16", "fp16"),
-                 "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16"), "tf32": ("tf32", "fp32"),
-                 "fp32": ("fp32",)}.get(precision, (precision,))
-        for p in (*order, "fp32"):
+        for p in _FALLBACK.get(precision, (precision, "fp32")):
             v = self.peak_flops.get(p)
             if v:
                 return v

@@ -69,13 +69,15 @@ class Case:
     nodes: int = 1
     devices_per_node: int = 1
 
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
+    # derived once (dataclasses.replace recomputes them)
+    world: int = field(init=False, default=0)
+    is_moe: bool = field(init=False, default=False)
+    _domain: int = field(init=False, default=0, repr=False)
 
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 1
+    def __post_init__(self) -> None:
+        self.world = self.tp * self.pp * self.dp * self.cp
+        self.is_moe = self.experts > 1
+        self._domain = max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
 
     @property
     def expert_ffn(self) -> int:
@@ -88,15 +90,16 @@ class Case:
 
     def domain(self) -> int:
         """Devices that share the fast intra-node link (node, or NVLink domain if larger)."""
-        return max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
+        return self._domain
 
     def crosses_nodes(self, stride: int, size: int) -> bool:
         """Whether a group of ``size`` ranks spaced ``stride`` apart leaves one NVLink domain."""
-        return size > 1 and stride * size > self.domain()
+        return size > 1 and stride * size > self._domain
 
     def peers_in_domain(self, stride: int, size: int) -> int:
         """Members of such a group (including oneself) inside one's NVLink domain."""
-        return max(1, min(size, self.domain() // stride)) if stride <= self.domain() else 1
+        d = self._domain
+        return max(1, min(size, d // stride)) if stride <= d else 1
 
 
 def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:

@@ -7,11 +7,11 @@ metric names of a measured run's ``summary.json``, so reports and ``compare`` re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.flops import hardware_flops_per_step, model_flops_per_step, shape_of
+from powertrain.predict.flops import model_flops_per_step, recompute_flops_per_token, shape_of
 from powertrain.predict.memory import memory_per_device
 from powertrain.predict.power import clock_factor, device_power
 from powertrain.predict.profile import Profile, load_profile
@@ -26,22 +26,56 @@ METRIC_NAMES = (
 )
 
 
-@dataclass(slots=True)
 class Prediction:
-    """Predicted metrics (None where the model has nothing honest to say, with the reason)."""
+    """Predicted metrics (None where the model has nothing honest to say, with the reason).
 
-    metrics: dict[str, Any]
-    why_null: dict[str, str]
-    breakdown: dict[str, Any]
-    fits: bool
-    profile: str = "default"
-    model_error: dict[str, Any] = field(default_factory=dict)
+    ``breakdown`` (step-time parts, memory parts, clocks, per-slot temperatures) is assembled on
+    first access, so sweeping thousands of configurations pays only for the metrics.
+    """
+
+    __slots__ = ("_breakdown", "_raw", "fits", "metrics", "model_error", "profile", "why_null")
+
+    def __init__(self, metrics: dict[str, Any], why_null: dict[str, str], fits: bool, profile: str = "default",
+                 model_error: dict[str, Any] | None = None, raw: tuple[Any, ...] | None = None,
+                 breakdown: dict[str, Any] | None = None) -> None:
+        self.metrics = metrics
+        self.why_null = why_null
+        self.fits = fits
+        self.profile = profile
+        self.model_error = model_error or {}
+        self._raw = raw
+        self._breakdown = breakdown
+
+    @property
+    def breakdown(self) -> dict[str, Any]:
+        if self._breakdown is None:
+            self._breakdown = _breakdown(*self._raw) if self._raw else {}
+        return self._breakdown
 
     def summary(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``summary.json`` body of a prediction (same shape as a measured run's)."""
         return {"kind": "prediction", "profile": self.profile, "model_error": self.model_error,
                 "config": config, "metrics": self.metrics, "why_null": self.why_null,
                 "breakdown": self.breakdown}
+
+
+def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock: float, thermal_clock: float,
+               node_energy: float | None, slots: list[Any] | None) -> dict[str, Any]:
+    return {
+        "step_time": st.breakdown,
+        "memory": mem_bd,
+        "fits_in_memory": fits,
+        "clock_factor_power_limit": clock,
+        "clock_factor_thermal": thermal_clock,
+        "node_energy_per_step_j": node_energy,
+        "slots": None if slots is None else sorted((
+            {"slot": f"gpu{i}", "inlet_c": s.inlet_c, "steady_c": s.steady_c, "peak_c": s.peak_c,
+             "throttled": s.throttled, "time_to_steady_s": s.time_to_steady_s} for s in slots for i in s.slots),
+            key=lambda d: int(d["slot"][3:])),
+        "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "vp": case.vp,
+                   "micro_batches": case.micro_batches},
+        "device": case.device.name,
+    }
 
 
 def _as_case(cfg: Any) -> Case:
@@ -78,7 +112,7 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
         hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
                            clock * thermal_clock)
         cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
-        powers = [hot if s.throttled else cool for s in slots]
+        powers = [hot if s.throttled else cool for s in slots for _ in s.slots]
         st = st_slow
         slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st.burst_s)
         slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
@@ -87,7 +121,7 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
     t = st.total_s
     tokens = case.global_batch * case.seq_len
     mflops = model_flops_per_step(sh, case.global_batch)
-    hflops = hardware_flops_per_step(sh, case.global_batch, case.recompute)
+    hflops = mflops + recompute_flops_per_token(sh, case.recompute) * tokens
     peak = dev.peak(case.precision)
     mean_w = sum(p.mean_w for p in powers) / len(powers) if throttled else pw.mean_w
     energy = mean_w * world * t
@@ -114,26 +148,13 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
             j_per_token=energy / tokens, tokens_per_j=tokens / energy,
             # the study's metric, over the measured window as the analysis computes it for runs
             samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.measured_steps / 1e6),
-            temp_mean_c=sum(s.steady_c for s in slots) / len(slots), temp_peak_c=hottest.peak_c,
+            temp_mean_c=sum(s.steady_c * len(s.slots) for s in slots) / dpn, temp_peak_c=hottest.peak_c,
             hottest_slot=f"gpu{hottest.slot}",
-            throttle_share=sum(1 for s in slots if s.throttled) / len(slots),
+            throttle_share=sum(len(s.slots) for s in slots if s.throttled) / dpn,
         )
-    breakdown = {
-        "step_time": {k: v for k, v in st.breakdown.items()},
-        "memory": mem_bd,
-        "fits_in_memory": fits,
-        "clock_factor_power_limit": clock,
-        "clock_factor_thermal": thermal_clock,
-        "node_energy_per_step_j": None if dev.measured else energy + c.host_w_per_node * case.nodes * t,
-        "slots": None if dev.measured else [
-            {"slot": f"gpu{s.slot}", "inlet_c": s.inlet_c, "steady_c": s.steady_c, "peak_c": s.peak_c,
-             "throttled": s.throttled, "time_to_steady_s": s.time_to_steady_s} for s in slots],
-        "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "vp": case.vp,
-                   "micro_batches": case.micro_batches},
-        "device": dev.name,
-    }
+    raw = (case, st, mem_bd, fits, clock, thermal_clock,
+           None if dev.measured else energy + c.host_w_per_node * case.nodes * t, None if dev.measured else slots)
     if not fits:
         why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "
                        "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")
-    return Prediction(metrics=metrics, why_null=why, breakdown=breakdown, fits=fits, profile=prof.name,
-                      model_error=dict(prof.error))
+    return Prediction(metrics=metrics, why_null=why, fits=fits, profile=prof.name, model_error=prof.error, raw=raw)

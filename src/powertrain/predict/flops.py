@@ -17,6 +17,7 @@ HFU = hardware FLOPs per second ÷ the same peak.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 
@@ -57,6 +58,7 @@ class LayerFlops(NamedTuple):
     attention: float  # QKᵀ and AV, full sequence
 
 
+@lru_cache(maxsize=4096)
 def layer_flops_per_token(s: Shape) -> LayerFlops:
     h = s.hidden
     kv = s.kv_heads * (h // s.heads)
@@ -115,7 +117,12 @@ def hardware_flops_per_step(model: Any, global_batch: int, recompute: str = "non
 def parameter_counts(model: Any) -> dict[str, float]:
     """Parameters by part: ``attention``, ``mlp`` (dense/shared), ``experts`` (all routed), ``router``,
     ``norms`` (all per model, summed over layers) and ``embedding``/``head``."""
-    s = shape_of(model)
+    tied = bool(getattr(model, "tied_embeddings", False))
+    return dict(_parameter_counts(shape_of(model), tied))
+
+
+@lru_cache(maxsize=4096)
+def _parameter_counts(s: Shape, tied: bool) -> tuple[tuple[str, float], ...]:
     h = s.hidden
     kv = s.kv_heads * (h // s.heads)
     mats = 3 if s.gated else 2
@@ -126,13 +133,12 @@ def parameter_counts(model: Any) -> dict[str, float]:
         router = h * s.experts
     else:
         mlp, experts, router = mats * h * s.ffn, 0, 0
-    tied = bool(getattr(model, "tied_embeddings", False))
-    return {
-        "attention": float(s.layers * attn), "mlp": float(s.layers * mlp),
-        "experts": float(s.layers * experts), "router": float(s.layers * router),
-        "norms": float(s.layers * 2 * h + h), "embedding": float(s.vocab * h),
-        "head": 0.0 if tied else float(s.vocab * h),
-    }
+    return (
+        ("attention", float(s.layers * attn)), ("mlp", float(s.layers * mlp)),
+        ("experts", float(s.layers * experts)), ("router", float(s.layers * router)),
+        ("norms", float(s.layers * 2 * h + h)), ("embedding", float(s.vocab * h)),
+        ("head", 0.0 if tied else float(s.vocab * h)),
+    )
 
 
 def active_parameters(model: Any) -> float:

@@ -183,25 +183,31 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     if pp > 1:
         bw, lat = _link(case, c, tp * cp * case.dp, pp)
         p2p = 2 * n_tok * h / (tp if sp else 1) / bw + lat
-    per_rank = []
-    comp_rank = []
-    for r in range(pp):
-        n_l = layers[r]
-        t = n_l * (layer_f + layer_b) + 2 * vp * p2p * (pp > 1)
-        cmp_ = n_l * comp_layer
-        if r == pp - 1:
-            t += head_f + head_b
-            cmp_ += 3 * t_head_comp
-        if r == 0:
-            t += 3 * emb
-        per_rank.append(t)
-        comp_rank.append(cmp_)
-    t_max = max(per_rank)
-    t_mean = sum(per_rank) / pp
+    # Per pipeline rank: its layers, plus the embedding on the first and the logit layer on the last.
+    # Only the first, the last and the fullest middle rank can be the slowest one.
+    per_layer = layer_f + layer_b
+    p2p_rank = 2 * vp * p2p if pp > 1 else 0.0
+    head = head_f + head_b
+    n_first, n_last = layers[0], layers[-1]
+    if pp == 1:
+        t_first = t_last = n_first * per_layer + head + 3 * emb
+        cands = [(t_first, n_first * comp_layer + 3 * t_head_comp)]
+        total_t = t_first
+        total_c = cands[0][1]
+    else:
+        t_first = n_first * per_layer + p2p_rank + 3 * emb
+        t_last = n_last * per_layer + p2p_rank + head
+        cands = [(t_first, n_first * comp_layer), (t_last, n_last * comp_layer + 3 * t_head_comp)]
+        if pp > 2:
+            n_mid = max(layers[1:-1])
+            cands.append((n_mid * per_layer + p2p_rank, n_mid * comp_layer))
+        total_t = case.layers * per_layer + pp * p2p_rank + head + 3 * emb
+        total_c = case.layers * comp_layer + 3 * t_head_comp
+    t_max, comp_crit = max(cands)
+    t_mean = total_t / pp
     bubble = (pp - 1) / vp * t_mean if pp > 1 else 0.0
     busy = m * t_max
-    crit = per_rank.index(t_max)
-    critical_compute = m * comp_rank[crit] + ((pp - 1) / vp * sum(comp_rank) / pp if pp > 1 else 0.0)
+    critical_compute = m * comp_crit + ((pp - 1) / vp * total_c / pp if pp > 1 else 0.0)
 
     # --- data-parallel / FSDP collectives -----------------------------------------------------------
     p = parameter_counts(sh)
@@ -214,8 +220,8 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     bw_d, lat_d = _link(case, c, tp, d_dense)
     bw_e, lat_e = _link(case, c, tp * cp * ep, d_exp)
     grad_b = 4.0
-    t_f_stage = per_rank[crit] / 3  # ~ forward share of one micro-batch on the critical rank
-    t_b_stage = per_rank[crit] - t_f_stage
+    t_f_stage = t_max / 3  # ~ forward share of one micro-batch on the critical rank
+    t_b_stage = t_max - t_f_stage
     dp_exposed = 0.0
     fsdp_exposed = 0.0
     if case.lora:
@@ -265,7 +271,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
         "head_s": m * (head_f + head_b) / pp,
         "micro_batches": float(m),
     }
-    compute_mean = m * sum(comp_rank) / pp
+    compute_mean = m * total_c / pp
     memory_mean = m * (n_layers_dev * 3 * t_mem_f + 2 * t_head_mem / pp) + t_opt
     return StepTime(total_s=total, breakdown=bd, compute_s=compute_mean, memory_s=memory_mean,
-                    critical_compute_s=critical_compute, burst_s=per_rank[crit] / vp)
+                    critical_compute_s=critical_compute, burst_s=t_max / vp)

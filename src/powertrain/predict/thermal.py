@@ -46,7 +46,9 @@ def slot_inlets(th: ThermalSpec, devices_per_node: int, device_power_w: float) -
 
 @dataclass(slots=True)
 class SlotThermal:
-    slot: int
+    """Temperature of a group of chassis slots that share an inlet temperature (front or rear row)."""
+
+    slots: tuple[int, ...]
     inlet_c: float
     steady_c: float
     peak_c: float
@@ -54,31 +56,32 @@ class SlotThermal:
     allowed_power_w: float | None
     time_to_steady_s: float
 
+    @property
+    def slot(self) -> int:
+        return self.slots[0]
+
 
 def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, peak_w: float,
                       burst_s: float, start_c: float | None = None) -> list[SlotThermal]:
-    """Steady-state and peak temperature of every slot of a node at the given power."""
+    """Steady-state and peak temperature of the slots of a node at the given power, grouped by inlet."""
     th = dev.thermal
-    out = []
-    done: dict[float, SlotThermal] = {}
+    groups: dict[float, list[int]] = {}
     for s, t_in in enumerate(slot_inlets(th, devices_per_node, mean_w)):
-        if t_in in done:  # slots with the same inlet behave the same
-            d = done[t_in]
-            out.append(SlotThermal(s, t_in, d.steady_c, d.peak_c, d.throttled, d.allowed_power_w,
-                                   d.time_to_steady_s))
-            continue
+        groups.setdefault(t_in, []).append(s)
+    out = []
+    t0 = th.inlet_c if start_c is None else start_c
+    for t_in, members in groups.items():
         steady = t_in + th.r_c_per_w * mean_w
         # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
         peak = steady + th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
         throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
-        allowed = (dev.slowdown_c - t_in) / th.r_c_per_w if throttled and dev.slowdown_c is not None else None
+        allowed = None
         if throttled and dev.slowdown_c is not None:
+            allowed = (dev.slowdown_c - t_in) / th.r_c_per_w
             steady = peak = dev.slowdown_c
-        t0 = th.inlet_c if start_c is None else start_c
         gap = abs(steady - t0)
         tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
-        done[t_in] = SlotThermal(s, t_in, steady, peak, throttled, allowed, tts)
-        out.append(done[t_in])
+        out.append(SlotThermal(tuple(members), t_in, steady, peak, throttled, allowed, tts))
     return out
 
 
