@@ -39,17 +39,17 @@ def _root(
 
 
 # Command modules register themselves on `app` when imported.
-from powertrain.cli import monitor as _monitor  # noqa: E402,F401
-from powertrain.cli import importer as _importer  # noqa: E402,F401
-from powertrain.cli import plan as _plan  # noqa: E402,F401
-from powertrain.cli import sweep as _sweep  # noqa: E402,F401
-from powertrain.cli import summarize as _summarize  # noqa: E402,F401
-from powertrain.cli import report as _report  # noqa: E402,F401
-from powertrain.cli import trace as _trace  # noqa: E402,F401
-from powertrain.cli import compare as _compare  # noqa: E402,F401
-from powertrain.cli import run as _run  # noqa: E402,F401
-from powertrain.cli import predict as _predict  # noqa: E402,F401
 from powertrain.cli import calibrate as _calibrate  # noqa: E402,F401
+from powertrain.cli import compare as _compare  # noqa: E402,F401
+from powertrain.cli import importer as _importer  # noqa: E402,F401
+from powertrain.cli import monitor as _monitor  # noqa: E402,F401
+from powertrain.cli import plan as _plan  # noqa: E402,F401
+from powertrain.cli import predict as _predict  # noqa: E402,F401
+from powertrain.cli import report as _report  # noqa: E402,F401
+from powertrain.cli import run as _run  # noqa: E402,F401
+from powertrain.cli import summarize as _summarize  # noqa: E402,F401
+from powertrain.cli import sweep as _sweep  # noqa: E402,F401
+from powertrain.cli import trace as _trace  # noqa: E402,F401
 
 
 def main() -> None:

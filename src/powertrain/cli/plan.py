@@ -29,9 +29,8 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
     for col in ("id", "model", "layout", "mb", "gb", "recompute", "mem/dev GiB", "fits", "status", "reason"):
         table.add_column(col, overflow="fold")
-    for r in p.runs:
-        if not show_all and r.status == "planned":
-            continue
+    shown = [r for r in p.runs if show_all or r.status != "planned"]
+    for r in shown:
         c = r.config
         table.add_row(
             r.id,
@@ -45,7 +44,8 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             f"[{_STYLE[r.status]}]{r.status}[/]",
             escape("; ".join(r.reasons)),
         )
-    console.print(table)
+    if shown:
+        console.print(table)
     counts = p.counts()
     console.print(
         f"{len(p.runs)} runs: [green]{counts['planned']} to launch[/], [red]{counts['rejected']} rejected[/] "

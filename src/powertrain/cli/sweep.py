@@ -105,6 +105,7 @@ def sweep_cmd(
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    err.print()
     failed = [r for r in state.runs if r.get("status") in ("failed", "oom")]
     left = [r for r in state.runs if r.get("status") in ("planned", "running")]
     err.print(f"sweep folder: {folder}")

@@ -112,6 +112,17 @@ def _write_run_spec(folder: Path, run_id: str, config: dict[str, Any]) -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the sweep process dies, even by SIGKILL (Linux prctl)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: an orphaned run finishes by itself
+        pass
+
+
 def _run_command(opts: SweepOptions, spec_path: Path, run_dir: Path) -> list[str]:
     return [opts.python, "-m", "powertrain.cli", "run", str(spec_path), "--out", str(run_dir)]
 
@@ -122,8 +133,9 @@ def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit
     log = run_dir.parent / ".launch" / f"{run_dir.name}.log"
     log.parent.mkdir(exist_ok=True)
     with open(log, "ab") as f:
+        # Own process group (Ctrl-C is forwarded once, in order); dies with the sweep if it is killed.
         proc = subprocess.Popen(_run_command(opts, spec_path, run_dir), stdout=f, stderr=subprocess.STDOUT,
-                                process_group=0)
+                                process_group=0, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + time_limit_s
         reason = None
         while proc.poll() is None:
