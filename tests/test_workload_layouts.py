@@ -16,6 +16,7 @@ import sys
 from functools import cache
 
 import pytest
+import torch
 
 from powertrain.spec.run import RunConfig
 from powertrain.workload.equivalence import max_rel_diff, reference_config, reference_losses
@@ -81,6 +82,15 @@ def world2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
     return launch(4, tmp_path_factory)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny ops on a shared 2-core machine: one intra-op thread avoids spinning threads fighting.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @cache
