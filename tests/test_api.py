@@ -81,7 +81,7 @@ def test_summary_of_the_run(recorded_run):
 
 
 def test_load_of_a_folder_that_is_not_a_run_says_what_to_pass(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no run.json"):
+    with pytest.raises(FileNotFoundError, match=r"no run\.json"):
         powertrain.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="--out"):
         powertrain.summary(tmp_path)

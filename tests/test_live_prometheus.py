@@ -1,0 +1,118 @@
+"""The sampler's live Prometheus endpoint: dcgm-exporter names, host/device labels, loopback only."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from powertrain.live.prometheus import PrometheusExporter, metric_name, parse_listen
+from powertrain.telemetry.host import HostBackend
+from powertrain.telemetry.nvidia import NvidiaBackend
+from powertrain.telemetry.sampler import Sampler
+from standins.fake_nvml import FakeGpu, FakeNvml  # stand-in for nvidia-ml-py, injected at the backend
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(host: str, port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _value(samples, name, **labels):
+    hits = [v for (n, lab), v in samples.items() if n == name and all(dict(lab).get(k) == x for k, x in labels.items())]
+    return hits[0] if hits else None
+
+
+def test_listen_spec():
+    assert parse_listen("9400") == ("127.0.0.1", 9400)
+    assert parse_listen(":9400") == ("127.0.0.1", 9400)
+    assert parse_listen("0.0.0.0:9400") == ("0.0.0.0", 9400)
+    with pytest.raises(ValueError, match=r"\[HOST:\]PORT"):
+        parse_listen("localhost:http")
+    assert metric_name("power_w") == "DCGM_FI_DEV_POWER_USAGE" and metric_name("throttle") == "powertrain_throttle"
+
+
+def test_scrape_during_sampling_has_dcgm_names_and_labels(tmp_path):
+    gpu = FakeGpu(power_mw=312_500, temp_c=61, clock_sm_mhz=1755, mem_used=3 * 2**30, energy_mj=7_000_000)
+    exporter = PrometheusExporter("127.0.0.1:0")
+    sampler = Sampler(tmp_path / "run", backends=[NvidiaBackend(nvml=FakeNvml([gpu])), HostBackend()],
+                      host="node7", rate_hz=20, exporter=exporter)
+    t = threading.Thread(target=sampler.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sampler.samples < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        m = _scrape("127.0.0.1", exporter.port)
+    finally:
+        sampler.stop()
+        t.join()
+    assert _value(m, "DCGM_FI_DEV_POWER_USAGE", host="node7", device="gpu0") == pytest.approx(312.5)
+    assert _value(m, "DCGM_FI_DEV_GPU_TEMP", host="node7", device="gpu0") == 61
+    assert _value(m, "DCGM_FI_DEV_SM_CLOCK", host="node7", device="gpu0") == 1755
+    assert _value(m, "DCGM_FI_DEV_FB_USED", host="node7", device="gpu0") == 3 * 1024  # MiB, as DCGM
+    assert _value(m, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", device="gpu0") == pytest.approx(7_000_000)  # mJ
+    assert _value(m, "powertrain_cpu_util_pct", host="node7", device="cpu") is not None
+    # the host has no power sensor: its power is absent, not 0
+    assert _value(m, "DCGM_FI_DEV_POWER_USAGE", device="cpu") is None
+    assert _value(m, "powertrain_sampler_samples_total", host="node7") >= 3
+    with pytest.raises(OSError):  # the endpoint goes away with the sampler
+        _scrape("127.0.0.1", exporter.port)
+
+
+def _non_loopback_ipv4() -> str | None:
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+@pytest.mark.slow
+def test_monitor_prometheus_answers_while_running_and_only_on_loopback(tmp_path):
+    port = _free_port()
+    out = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out), "-q",
+                             "--prometheus", f":{port}", "--", sys.executable, "-c", "import time; time.sleep(4)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        m = None
+        while m is None:
+            try:
+                m = _scrape("127.0.0.1", port)
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        assert _value(m, "powertrain_cpu_util_pct", device="cpu") is not None
+        assert _value(m, "powertrain_sample_timestamp_seconds") == pytest.approx(time.time(), abs=10)
+        meta = json.loads(next((out / "telemetry").glob("*.meta.json")).read_text())
+        assert meta["prometheus"] == {"addr": "127.0.0.1", "port": port}
+        other = _non_loopback_ipv4()
+        if other is not None:
+            with pytest.raises(OSError):
+                socket.create_connection((other, port), timeout=2).close()
+    finally:
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    if _non_loopback_ipv4() is None:
+        pytest.skip("no non-loopback IPv4 address on this machine: only the bound address was checked")
