@@ -37,7 +37,8 @@ from powertrain.predict.flops import Shape, layer_flops_per_token, parameter_cou
 from powertrain.predict.memory import rank_layers
 from powertrain.predict.profile import Coefficients
 
-OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
+OPT_BYTES_PER_PARAM = 32.0
+_ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
 
 
 @dataclass(slots=True)
@@ -69,7 +70,7 @@ def _half_ring(size_bytes: float, group: int, bw: float, lat: float) -> float:
 def _link(case: Case, c: Coefficients, stride: int, size: int) -> tuple[float, float]:
     """(bandwidth, latency) of a group of ``size`` ranks spaced ``stride`` apart."""
     node = case.device.node
-    if case.crosses_nodes(stride, size):
+    if size > 1 and stride * size > case._domain:  # the group leaves one NVLink domain
         return node.inter_node_bw_per_device * c.comm_eff_inter, node.inter_node_latency
     return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency
 
@@ -92,17 +93,19 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     peak16 = dev.peak(prec16) * c.gemm_eff(prec16) * clock
     knee = c.gemm_knee
 
-    def shape_f(d: float) -> float:
-        return d / (d + knee)
-
     bw_mem = dev.memory_bw * c.mem_eff
-    eb = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}.get(prec, 2.0)
+    eb_bw = _ELEM_BYTES.get(prec, 2.0) / bw_mem
 
     def gemm(m_: float, k_: float, n_: float) -> float:
-        """Roofline time of an m×k by k×n GEMM: compute at the shape-scaled rate, or its traffic."""
-        flops = 2 * m_ * k_ * n_ / (peak * shape_f(min(m_, k_, n_)))
-        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * eb / bw_mem
-        return max(flops, traffic)
+        """Roofline time of an m×k by k×n GEMM: compute at the shape-scaled rate, or its traffic.
+
+        The shape factor d/(d + knee) on the smallest dimension d models tile and wave quantisation.
+        """
+        d = m_ if m_ < k_ else k_
+        d = d if d < n_ else n_
+        flops = 2 * m_ * k_ * n_ * (d + knee) / (peak * d)
+        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * eb_bw
+        return flops if flops > traffic else traffic
 
     kvw = case.kv_heads * (h // case.heads)
     mats = 3 if case.gated else 2
@@ -120,7 +123,8 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
         m_exp = n_tok * case.top_k * imb / local  # tokens each local expert sees (busiest rank)
         fe = case.expert_ffn / tp
         t_expert = local * (gemm(m_exp, h, (mats - 1) * fe) + gemm(m_exp, fe, h))
-    t_attn = 0.5 * lf.attention * n_tok / tp / (peak16 * c.attn_eff_ratio * shape_f(case.seq_len / cp))
+    s_loc = case.seq_len / cp
+    t_attn = 0.5 * lf.attention * n_tok / tp * (s_loc + knee) / (peak16 * c.attn_eff_ratio * s_loc)
     t_comp_f = t_dense + t_expert + t_attn
 
     # --- memory-bound (elementwise) work, 16-bit values ---------------------------------------------

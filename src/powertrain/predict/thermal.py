@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -65,15 +66,17 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
                       burst_s: float, start_c: float | None = None) -> list[SlotThermal]:
     """Steady-state and peak temperature of the slots of a node at the given power, grouped by inlet."""
     th = dev.thermal
-    groups: dict[float, list[int]] = {}
-    for s, t_in in enumerate(slot_inlets(th, devices_per_node, mean_w)):
-        groups.setdefault(t_in, []).append(s)
+    front, rear = _rows(devices_per_node, th.rear_slots_of_8)
+    heat = th.rear_preheat_c_per_kw * mean_w / 1000.0
     out = []
     t0 = th.inlet_c if start_c is None else start_c
-    for t_in, members in groups.items():
+    rise = th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
+    # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
+    for t_in, members in ((th.inlet_c, front), (th.inlet_c + heat, rear)):
+        if not members:
+            continue
         steady = t_in + th.r_c_per_w * mean_w
-        # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
-        peak = steady + th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
+        peak = steady + rise
         throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
         allowed = None
         if throttled and dev.slowdown_c is not None:
@@ -81,8 +84,16 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
             steady = peak = dev.slowdown_c
         gap = abs(steady - t0)
         tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
-        out.append(SlotThermal(tuple(members), t_in, steady, peak, throttled, allowed, tts))
+        out.append(SlotThermal(members, t_in, steady, peak, throttled, allowed, tts))
     return out
+
+
+@lru_cache(maxsize=256)
+def _rows(devices_per_node: int, rear_slots_of_8: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(front slots, rear slots) of a node; a single device has no rear row."""
+    rear = {s for s in rear_slots_of_8 if s < devices_per_node} if devices_per_node >= 2 else set()
+    return (tuple(s for s in range(devices_per_node) if s not in rear),
+            tuple(s for s in range(devices_per_node) if s in rear))
 
 
 def simulate(params: ThermalParams, t_s: np.ndarray, power_w: np.ndarray, start_c: float | None = None) -> np.ndarray:
