@@ -57,24 +57,24 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
     step = steps_t["step"].to_numpy()
     t0 = steps_t["t_start_ns"].to_numpy()
     t1 = steps_t["t_end_ns"].to_numpy()
-    tok = np.array([np.nan if v is None else v for v in steps_t["tokens"].to_pylist()], dtype=float)
-    smp = np.array([np.nan if v is None else v for v in steps_t["samples"].to_pylist()], dtype=float)
-    ranks = sorted(set(rank.tolist()))
-    uniq = np.array(sorted(set(step.tolist())), dtype=np.int64)
-    ri = {r: i for i, r in enumerate(ranks)}
-    si = {s: i for i, s in enumerate(uniq.tolist())}
+    tok = pc.cast(steps_t["tokens"], pa.float64()).to_numpy(zero_copy_only=False)  # nulls → nan
+    smp = pc.cast(steps_t["samples"], pa.float64()).to_numpy(zero_copy_only=False)
+    ranks_arr, ri = np.unique(rank, return_inverse=True)
+    uniq, si = np.unique(step, return_inverse=True)
+    ranks = [int(r) for r in ranks_arr]
+    uniq = uniq.astype(np.int64)
     dur = np.full((len(ranks), len(uniq)), np.nan)
     toks = np.full((len(ranks), len(uniq)), np.nan)
     smps = np.full((len(ranks), len(uniq)), np.nan)
-    for k in range(len(rank)):
-        i, j = ri[int(rank[k])], si[int(step[k])]
-        dur[i, j] = (t1[k] - t0[k]) / 1e9
-        toks[i, j] = tok[k]
-        smps[i, j] = smp[k]
+    dur[ri, si] = (t1 - t0) / 1e9
+    toks[ri, si] = tok
+    smps[ri, si] = smp
     replica = _replica_of(ranks, rank_map)
     step_time = np.nanmax(dur, axis=0)
-    starts = np.array([t0[step == s].min() for s in uniq], dtype=np.int64)
-    ends = np.array([t1[step == s].max() for s in uniq], dtype=np.int64)
+    starts = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+    ends = np.full(len(uniq), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(starts, si, t0)
+    np.maximum.at(ends, si, t1)
     with np.errstate(all="ignore"):
         if len(ranks) >= 2:
             med = np.nanmedian(dur, axis=0)
@@ -98,35 +98,32 @@ def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list
 
 def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
     """Sum over replicas of the largest value within each replica, per step (nan if all unknown)."""
-    out = np.full(values.shape[1], np.nan)
     groups: dict[Any, list[int]] = {}
     for i, rep in enumerate(replica):
         groups.setdefault(rep, []).append(i)
-    for j in range(values.shape[1]):
-        total, seen = 0.0, False
-        for idx in groups.values():
-            col = values[idx, j]
-            col = col[~np.isnan(col)]
-            if len(col):
-                total += float(col.max())
-                seen = True
-        if seen:
-            out[j] = total
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-nan replicas are expected
+            per_rep = np.vstack([np.nanmax(values[idx], axis=0) for idx in groups.values()])
+    out = np.nansum(per_rep, axis=0)
+    out[np.isnan(per_rep).all(axis=0)] = np.nan
     return out
 
 
 def _phases(events: pa.Table, steps: set[int]) -> list[dict[str, Any]]:
     """Summed duration per (rank, kind) of the non-step events inside measured steps."""
-    other = events.filter(pc.not_equal(events["kind"], "step"))
+    other = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
+                                  pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
     if other.num_rows == 0:
         return []
-    acc: dict[tuple[int, str], float] = {}
-    for r, k, s, a, b in zip(other["rank"].to_pylist(), other["kind"].to_pylist(), other["step"].to_pylist(),
-                             other["t_start_ns"].to_pylist(), other["t_end_ns"].to_pylist(), strict=True):
-        if s is None or s not in steps:
-            continue
-        acc[(r, k)] = acc.get((r, k), 0.0) + (b - a) / 1e9
-    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
+    other = other.append_column("seconds", pc.divide(pc.cast(pc.subtract(other["t_end_ns"], other["t_start_ns"]),
+                                                             pa.float64()), 1e9))
+    agg = other.group_by(["rank", "kind"]).aggregate([("seconds", "sum")]).sort_by([("rank", "ascending"),
+                                                                                  ("kind", "ascending")])
+    return [{"rank": r, "kind": k, "seconds": v} for r, k, v in zip(
+        agg["rank"].to_pylist(), agg["kind"].to_pylist(), agg["seconds_sum"].to_pylist(), strict=True)]
 
 
 def step_stats(sd: StepData | None) -> tuple[dict[str, float | None], dict[str, str]]:

@@ -109,7 +109,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     why.update(w)
 
     con = duckdb.connect()
-    con.execute("SET threads TO 2")
+    con.execute("SET enable_progress_bar = false")
     n_rows = telemetry.open_telemetry(con, run.path)
     tspan = telemetry.span(con)
     if sd is not None:
@@ -447,6 +447,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     for k in METRIC_NAMES:  # every null metric says why
         if summary["metrics"][k] is None and k not in summary["why_null"]:
             summary["why_null"][k] = no_tel or "not measured in this run"
+    telemetry.release(con)
     con.close()
     return _clean(summary)
 
@@ -464,10 +465,16 @@ def _per_device_spectra(con: duckdb.DuckDBPyConnection, pw: list[dict[str, Any]]
                         ) -> dict[tuple[str, str], tuple[float, float]]:
     if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
         return {}
+    t = con.sql(f"SELECT host, device, t_ns, power_w FROM tel WHERE t_ns BETWEEN {int(w0)} AND {int(w1)} "
+                "AND power_w IS NOT NULL ORDER BY host, device, t_ns").to_arrow_table()
+    hosts = t["host"].to_numpy(zero_copy_only=False)
+    devs = t["device"].to_numpy(zero_copy_only=False)
+    ts = t["t_ns"].to_numpy()
+    ps = t["power_w"].to_numpy(zero_copy_only=False)
     out = {}
     for s in pw:
-        t = telemetry.device_series(con, s["host"], s["device"], ["power_w"], w0, w1)
-        osc = signal.dominant_oscillation(t["t_ns"].to_numpy(), t["power_w"].to_numpy(zero_copy_only=False))
+        sel = (hosts == s["host"]) & (devs == s["device"])
+        osc = signal.dominant_oscillation(ts[sel], ps[sel])
         if osc:
             out[(s["host"], s["device"])] = osc
     return out

@@ -1,8 +1,10 @@
 """Per-device telemetry statistics with DuckDB, pushed down to the Parquet files.
 
-Nothing here loads a run's telemetry into Python: DuckDB scans the Parquet files (or, for a run
-still streaming, the Arrow table of its segments) and returns one row per device, so a sweep-scale
-set (hundreds of devices × hours × 10 Hz) summarises in bounded memory.
+Nothing here loads a whole run's telemetry into Python: DuckDB scans the Parquet files (or, for a
+run still streaming, the Arrow table of its segments) for the level statistics and returns one row
+per device; the segment pass (integrals, counter increases, ramps, gaps) streams one Parquet file —
+about one host — at a time through numpy, which avoids a window sort over the whole run. A
+sweep-scale set (hundreds of devices × hours × 10 Hz) so summarises in bounded memory.
 
 Definitions (all over the window ``[w0, w1]``):
 
@@ -16,13 +18,17 @@ Definitions (all over the window ``[w0, w1]``):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, Throttle
+from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.tables import read_telemetry
 
 # Seconds of telemetry before and after the window that are scanned to find the samples bracketing
@@ -39,6 +45,10 @@ COUNTERS = tuple(c for c in COUNTER_FIELDS)
 NOT_IDLE = ~int(Throttle.IDLE) & 0xFFFFFFFF
 
 
+# name of a view -> the Parquet files behind it (or the Arrow table, for a run still streaming)
+_SOURCES: dict[tuple[int, str], list[str] | pa.Table] = {}
+
+
 def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: str = "tel") -> int:
     """Create view ``name`` over a run's telemetry with every schema column; returns its row count.
 
@@ -51,9 +61,11 @@ def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: st
     if parts or not files:
         table = read_telemetry(run_dir)
         con.register(f"{name}_arrow", table)
+        _SOURCES[(id(con), name)] = table
         source = f"{name}_arrow"
         present = set(table.column_names)
     else:
+        _SOURCES[(id(con), name)] = files
         flist = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         source = f"read_parquet({flist}, union_by_name=true)"
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
@@ -64,6 +76,12 @@ def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: st
     con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {', '.join(cols)} FROM {source}")
     row = con.execute(f"SELECT count(*) FROM {name}").fetchall()[0]
     return int(row[0]) if row else 0
+
+
+def release(con: duckdb.DuckDBPyConnection) -> None:
+    """Forget the sources of ``con``'s telemetry views (call before closing it)."""
+    for k in [k for k in _SOURCES if k[0] == id(con)]:
+        del _SOURCES[k]
 
 
 def span(con: duckdb.DuckDBPyConnection, name: str = "tel") -> tuple[int, int] | None:
@@ -83,18 +101,27 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     """One dict per (host, device) with level, integral, counter, ramp, gap and throttle statistics."""
     margin = int(EDGE_MARGIN_S * 1e9)
     win = f"t_ns BETWEEN {w0} AND {w1}"
+    # Which fields hold any data in the window: the heavy queries below only touch those.
+    all_fields = [*LEVEL_FIELDS, *MAX_FIELDS, "throttle", *COUNTERS]
+    counts = con.execute(f"SELECT {', '.join(f'count({f})' for f in all_fields)} FROM {name} WHERE {win}"
+                         ).fetchall()[0]
+    present = {f for f, c in zip(all_fields, counts, strict=True) if c}
     level = [
         "count(*) AS rows", "min(t_ns) AS t_first_ns", "max(t_ns) AS t_last_ns",
         *[f"avg({f}) AS {f}_mean, max({f}) AS {f}_max, min({f}) AS {f}_min, count({f}) AS {f}_n"
-          for f in LEVEL_FIELDS],
-        "quantile_cont(power_w, 0.99) AS power_w_p99", "quantile_cont(power_w, 0.01) AS power_w_p01",
-        *[f"max({f}) AS {f}_max" for f in MAX_FIELDS],
-        "count(throttle) AS throttle_n",
-        f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {NOT_IDLE}) != 0 THEN 1.0 ELSE 0.0 END)"
-        " AS throttle_any",
-        *[f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {int(t)}) != 0 THEN 1.0 ELSE 0.0 END)"
-          f" AS throttle_{t.name.lower()}" for t in Throttle if t.name],
+          for f in LEVEL_FIELDS if f in present],
+        *[f"max({f}) AS {f}_max" for f in MAX_FIELDS if f in present],
     ]
+    if "power_w" in present:
+        level += ["quantile_cont(power_w, 0.99) AS power_w_p99", "quantile_cont(power_w, 0.01) AS power_w_p01"]
+    if "throttle" in present:
+        level += [
+            "count(throttle) AS throttle_n",
+            f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {NOT_IDLE}) != 0 THEN 1.0 ELSE 0.0 END)"
+            " AS throttle_any",
+            *[f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {int(t)}) != 0 THEN 1.0 ELSE 0.0 END)"
+              f" AS throttle_{t.name.lower()}" for t in Throttle if t.name],
+        ]
     stats = _rows(con, f"SELECT host, device, {', '.join(level)} FROM {name} WHERE {win} GROUP BY host, device")
     if not stats:
         return []
@@ -102,56 +129,14 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     # Nominal period per device: the mean interval of its in-window samples.
     periods = {k: ((s["t_last_ns"] - s["t_first_ns"]) / (s["rows"] - 1) if s["rows"] > 1 else None)
                for k, s in by_key.items()}
-    con.register("_periods", pa.table({
-        "host": [k[0] for k in periods], "device": [k[1] for k in periods],
-        "period_ns": [p for p in periods.values()],
-    }))
-
-    seg_fields = (*INTEGRATED, *COUNTERS)
-    leads = ", ".join(f"{f} AS {f}_0, lead({f}) OVER w AS {f}_1" for f in seg_fields)
-    a = f"greatest(t0, {w0})"
-    b = f"least(t1, {w1})"
-
-    def interp(f: str, at: str) -> str:
-        return f"({f}_0 + ({f}_1 - {f}_0) * ({at} - t0) / (t1 - t0))"
-
-    aggs = [
-        f"sum(CAST({b} - {a} AS DOUBLE)) / 1e9 AS covered_s",
-        f"max(CASE WHEN t0 >= {w0} AND t1 <= {w1} THEN (t1 - t0) END) / 1e9 AS max_interval_s",
-        f"count(CASE WHEN t0 >= {w0} AND t1 <= {w1} AND p.period_ns IS NOT NULL "
-        f"AND (t1 - t0) > {GAP_FACTOR} * p.period_ns THEN 1 END) AS gaps",
-        f"sum(CASE WHEN t0 >= {w0} AND t1 <= {w1} AND p.period_ns IS NOT NULL "
-        f"AND (t1 - t0) > {GAP_FACTOR} * p.period_ns THEN (t1 - t0) END) / 1e9 AS gap_s",
-    ]
-    for f in INTEGRATED:
-        aggs.append(
-            f"sum(CAST({b} - {a} AS DOUBLE) / 1e9 * ({interp(f, a)} + {interp(f, b)}) / 2) AS {f}_integral")
-        aggs.append(f"sum(CASE WHEN {f}_1 IS NOT NULL AND {f}_0 IS NOT NULL THEN CAST({b} - {a} AS DOUBLE) END)"
-                    f" / 1e9 AS {f}_integral_s")
-        aggs.append(f"max(CASE WHEN t0 >= {w0} AND t1 <= {w1} THEN abs({f}_1 - {f}_0) / ((t1 - t0) / 1e9) END)"
-                    f" AS {f}_ramp_max")
-    for f in COUNTERS:
-        aggs.append(
-            f"sum(CASE WHEN {f}_1 >= {f}_0 THEN CAST({f}_1 - {f}_0 AS DOUBLE) * ({b} - {a}) / (t1 - t0) END)"
-            f" AS {f}_delta")
-        aggs.append(f"sum(CASE WHEN {f}_1 IS NOT NULL AND {f}_0 IS NOT NULL THEN CAST({b} - {a} AS DOUBLE) END)"
-                    f" / 1e9 AS {f}_delta_s")
-    sql = f"""
-        WITH s AS (
-            SELECT host, device, t_ns AS t0, lead(t_ns) OVER w AS t1, {leads}
-            FROM {name} WHERE t_ns BETWEEN {w0 - margin} AND {w1 + margin}
-            WINDOW w AS (PARTITION BY host, device ORDER BY t_ns)
-        )
-        SELECT s.host, s.device, {', '.join(aggs)}
-        FROM s LEFT JOIN _periods p ON s.host = p.host AND s.device = p.device
-        WHERE t1 IS NOT NULL AND t1 > t0 AND t1 > {w0} AND t0 < {w1}
-        GROUP BY s.host, s.device
-    """
-    for row in _rows(con, sql):
-        key = (row.pop("host"), row.pop("device"))
+    seg_fields = [f for f in (*INTEGRATED, *COUNTERS) if f in present]
+    seg: dict[tuple[str, str], dict[str, Any]] = {}
+    for batch in _batches(con, name, ["t_ns", "host", "device", *seg_fields], w0 - margin, w1 + margin):
+        seg.update(_segments(batch, w0, w1, seg_fields, periods))
+    for key, row in seg.items():
         if key in by_key:
             by_key[key].update(row)
-    con.unregister("_periods")
+
     for k, s in by_key.items():
         s["period_s"] = periods[k] / 1e9 if periods[k] else None
         s["rate_hz"] = 1.0 / s["period_s"] if s["period_s"] else None
@@ -160,17 +145,15 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
 
 def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",
                        name: str = "tel") -> pa.Table:
-    """Per time bucket: mean over devices and sum over devices of ``field`` (each device first averaged
-    within the bucket), and how many devices reported. Columns ``t_ns, mean, total, n``."""
+    """Per time bucket (one sample period): the mean and the sum of ``field`` over the samples in it,
+    and how many samples that was. With one sample per device per period (the sampler's design),
+    ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``."""
     sql = f"""
-        WITH d AS (
-            SELECT (t_ns - {w0}) // {bucket_ns} AS b, host, device, avg({field}) AS v
-            FROM {name} WHERE t_ns BETWEEN {w0} AND {w1} AND {field} IS NOT NULL
-            GROUP BY b, host, device
-        )
         SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v) AS mean, sum(v) AS total,
                count(*) AS n
-        FROM d GROUP BY b ORDER BY b
+        FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v FROM {name}
+              WHERE t_ns BETWEEN {w0} AND {w1} AND {field} IS NOT NULL)
+        GROUP BY b ORDER BY b
     """
     return con.sql(sql).to_arrow_table()
 
@@ -186,3 +169,99 @@ def device_series(con: duckdb.DuckDBPyConnection, host: str, device: str, fields
 
 def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int, t_hi: int
+             ) -> Iterator[pa.Table]:
+    """The view's rows in [t_lo, t_hi], one Parquet file (≈ one host) at a time, so memory stays
+    bounded by the largest file rather than the whole run."""
+    src = _SOURCES.get((id(con), name))
+    flt = [("t_ns", ">=", t_lo), ("t_ns", "<=", t_hi)]
+    if isinstance(src, list):
+        for f in src:
+            present = set(pq.read_schema(f).names)
+            t = pq.read_table(f, columns=[c for c in columns if c in present], filters=flt)
+            for c in columns:
+                if c not in present:
+                    t = t.append_column(c, pa.nulls(t.num_rows, TELEMETRY_SCHEMA.field(c).type))
+            yield t
+    else:
+        table = src if src is not None else con.sql(f"SELECT {', '.join(columns)} FROM {name}").to_arrow_table()
+        table = table.select(columns)
+        yield table.filter(pc.and_(pc.greater_equal(table["t_ns"], t_lo), pc.less_equal(table["t_ns"], t_hi)))
+
+
+def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tuple[str, str], float | None]
+              ) -> dict[tuple[str, str], dict[str, Any]]:
+    """Integrals, counter increases, ramps and gaps per device over segments clipped to [w0, w1]
+    (see the module docstring), vectorised with numpy over one batch of rows."""
+    if t.num_rows < 2:
+        return {}
+    key = pc.binary_join_element_wise(t["host"], t["device"], "\x00")
+    enc = pc.dictionary_encode(key).combine_chunks()
+    codes = enc.indices.to_numpy()
+    keys = [tuple(k.split("\x00", 1)) for k in enc.dictionary.to_pylist()]
+    tn = t["t_ns"].to_numpy()
+    order = np.argsort(codes, kind="stable")  # rows usually arrive in time order: a stable sort keeps it
+    c, ts = codes[order], tn[order]
+    same = c[1:] == c[:-1]
+    if np.any(np.diff(ts)[same] < 0):
+        order = np.lexsort((tn, codes))
+        c, ts = codes[order], tn[order]
+        same = c[1:] == c[:-1]
+    t0, t1 = ts[:-1], ts[1:]
+    dt = (t1 - t0).astype(np.float64)
+    valid = same & (t1 > t0) & (t1 > w0) & (t0 < w1)
+    g = c[:-1]
+    nk = len(keys)
+    a = np.maximum(t0, w0)
+    b = np.minimum(t1, w1)
+    clip = np.where(valid, (b - a).astype(np.float64), 0.0)
+    inside = valid & (t0 >= w0) & (t1 <= w1)
+    period = np.array([periods.get(k) or np.nan for k in keys], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        gap = inside & (dt > GAP_FACTOR * period[g])
+
+    def per_key_sum(mask: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (np.bincount(g[mask], weights=weights[mask], minlength=nk),
+                np.bincount(g[mask], minlength=nk))
+
+    def per_key_max(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+        out = np.full(nk, -np.inf)
+        np.maximum.at(out, g[mask], values[mask])
+        return out
+
+    cov, ncov = per_key_sum(valid, clip)
+    maxint = per_key_max(inside, dt)
+    gaps, _ = per_key_sum(gap, np.ones_like(dt))
+    gap_s, ngap = per_key_sum(gap, dt)
+    cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    safe_dt = np.where(dt > 0, dt, 1.0)
+    for f in fields:
+        v = pc.cast(t[f], pa.float64()).to_numpy(zero_copy_only=False)[order]
+        v0, v1 = v[:-1], v[1:]
+        ok = valid & ~np.isnan(v0) & ~np.isnan(v1)
+        if f in INTEGRATED:
+            va = v0 + (v1 - v0) * (a - t0) / safe_dt
+            vb = v0 + (v1 - v0) * (b - t0) / safe_dt
+            cols[f"{f}_integral"] = per_key_sum(ok, clip / 1e9 * (va + vb) / 2)
+            cols[f"{f}_integral_s"] = per_key_sum(ok, clip / 1e9)
+            ramp = per_key_max(ok & inside, np.abs(v1 - v0) / (safe_dt / 1e9))
+            cols[f"{f}_ramp_max"] = (ramp, np.isfinite(ramp).astype(np.int64))
+        else:
+            d = v1 - v0
+            okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
+            cols[f"{f}_delta"] = per_key_sum(okc, d * clip / safe_dt)
+            cols[f"{f}_delta_s"] = per_key_sum(ok, clip / 1e9)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, k in enumerate(keys):
+        row: dict[str, Any] = {
+            "covered_s": float(cov[i]) / 1e9 if ncov[i] else None,
+            "max_interval_s": float(maxint[i]) / 1e9 if np.isfinite(maxint[i]) else None,
+            "gaps": int(gaps[i]),
+            "gap_s": float(gap_s[i]) / 1e9 if ngap[i] else None,
+        }
+        for name, (vals, n) in cols.items():
+            row[name] = float(vals[i]) if n[i] else None
+        out[k] = row  # type: ignore[index]
+    return out

@@ -169,6 +169,7 @@ def _timeline_series(run_path: Path, fields_supported: list[str]) -> tuple[dict[
                 missing[f] = why + ("" if f not in fields_supported else " in this window")
         return series, missing, t0
     finally:
+        tel.release(con)
         con.close()
 
 

@@ -62,6 +62,7 @@ def trace_events(run_dir: str | Path, max_points: int = 20_000) -> Iterator[dict
         if sp is not None:
             yield from _counters(con, t0, sp, max_points)
     finally:
+        tel.release(con)
         con.close()
     if events.num_rows:
         yield from _slices(events, t0)
