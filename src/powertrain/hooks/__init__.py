@@ -41,6 +41,7 @@ from powertrain.schema import EVENT_KINDS, EVENTS_SCHEMA
 from powertrain.store.tables import StreamingTableWriter
 
 RUN_DIR_ENV = "POWERTRAIN_RUN_DIR"
+FLUSH_ENV = "POWERTRAIN_EVENTS_FLUSH_S"
 WINDOWS = ("warmup", "measured", None)
 
 
@@ -117,7 +118,10 @@ class Recorder:
                      loss=loss if loss is not None else h.loss,
                      mem_peak_bytes=mem_peak_bytes if mem_peak_bytes is not None else h.mem_peak_bytes,
                      attrs=h.attrs)
-        self._writer.maybe_flush()
+        if self._writer.rows_written == 0:  # first step: put something on disk at once
+            self._writer.flush()
+        else:
+            self._writer.maybe_flush()
 
     @contextmanager
     def step(self, step: int, *, tokens: int | None = None, samples: int | None = None) -> Iterator[StepHandle]:
@@ -191,9 +195,12 @@ _recorder: Recorder | None = None
 
 
 def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = None, *,
-              sync: Callable[[], None] | None = None, flush_s: float = 1.0) -> Recorder:
-    """(Re)create the process-wide recorder; defaults come from ``$POWERTRAIN_RUN_DIR`` and ``$RANK``."""
+              sync: Callable[[], None] | None = None, flush_s: float | None = None) -> Recorder:
+    """(Re)create the process-wide recorder; defaults come from ``$POWERTRAIN_RUN_DIR``, ``$RANK``
+    and ``$POWERTRAIN_EVENTS_FLUSH_S`` (seconds between crash-safe rewrites, default 1)."""
     global _recorder
+    if flush_s is None:
+        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
     if _recorder is not None:
         _recorder.close()
     run_dir = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV) or None
