@@ -46,7 +46,12 @@ def test_cpu_run_states_what_is_not_measured(tmp_path):
 
 def test_sweep_report_marks_statuses(tmp_path):
     sweep = synthetic.write_sweep(tmp_path / "sweep")
+    (sweep / "tp1pp1" / "profiles").mkdir()
+    (sweep / "tp1pp1" / "profiles" / "rank-0-step-1.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]}))
     html = build_report(sweep, None, ("png",)).read_text()
+    assert "from profiler traces" in html
     assert (sweep / "report" / "report.html").is_file() and (sweep / "summary.parquet").is_file()
     for label in ("OOM", "FAILED", "REJECTED", "NOT RUN"):
         assert label in html

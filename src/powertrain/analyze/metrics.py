@@ -84,6 +84,9 @@ METRICS: list[Metric] = [
     _M("link_bytes_per_step", "B", "link_tx_bytes of all devices per measured step (NVLink / xGMI)"),
     _M("link_bw_share", "", "achieved link tx bandwidth per device / its peak link bandwidth"),
     _M("pcie_bytes_per_step", "B", "pcie_tx_bytes of all devices per measured step"),
+    # overlap (profiler traces)
+    _M("comm_exposed_share", "", "share of a profiled step spent in communication no compute hides (profiles/)",
+       "lower"),
     # memory
     _M("mem_per_device_bytes", "B", "peak memory of the fullest device (events' mem_peak_bytes, else mem_used)",
        "lower"),

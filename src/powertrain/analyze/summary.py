@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from powertrain.analyze import signal, steps, telemetry, work
+from powertrain.analyze import profiles, signal, steps, telemetry, work
 from powertrain.analyze.metrics import METRIC_NAMES, THROTTLE_REASONS
 from powertrain.store.rundir import RunDir, read_json, write_json_atomic
 from powertrain.store.tables import read_events
@@ -374,6 +374,14 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     else:
         why["tokens_per_s_per_device"] = why.get("tokens_per_s", "no token counts")
 
+    # --- profiler traces ---------------------------------------------------------------------------
+    profs = profiles.run_profiles(run.path)
+    shares = [p["comm_exposed_s"] / p["span_s"] for p in profs if p["span_s"] > 0]
+    if shares:
+        metrics["comm_exposed_share"] = float(np.mean(shares))
+    else:
+        why["comm_exposed_share"] = "no profiler traces (profiles/rank-<r>-step-<i>.json) in this run"
+
     # --- per-device and other views ---------------------------------------------------------------
     dev_rank: dict[tuple[str, str], list[int]] = {}
     for r, key in rank_dev.items():
@@ -441,6 +449,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
         "per_stage": _group_view(per_device, "pp"),
         "per_expert_rank": _group_view(per_device, "ep"),
         "phases": sd.phases if sd is not None else [],
+        "profiles": profs,
         "data_quality": _data_quality(info, dev_stats, window_s),
         "notes": notes,
     }

@@ -229,6 +229,14 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
                        "Seconds per measured step in each phase kind, from the ranks' step-phase events.")
     else:
         rep.p("No measured step events in this run: step-time figures are skipped.", "note")
+    profs = summ.get("profiles") or []
+    if profs:
+        labels = [f"rank {p['rank']} step {p['step']}" for p in profs]
+        vals = {k.removesuffix("_s").replace("_", " "): [p[k] for p in profs] for k in PROFILE_PARTS}
+        rep.figure("profiles", lambda: F.phase_breakdown(labels, vals, f"{name}: profiled steps",
+                                                         "profiled rank and step"),
+                   "From torch.profiler traces: compute only, compute overlapped with communication, exposed "
+                   "communication, idle, per profiled step.")
     _data_quality(rep, summ)
     return rep.write()
 
@@ -333,12 +341,14 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
         rep.p("No finished run with per-device telemetry: slot heatmaps skipped.", "note")
 
     rep.h("Per pipeline stage time breakdown (study Figs. 10, 15)")
-    stage_labels, stage_vals = _stage_breakdown(done)
+    stage_labels, stage_vals, stage_src = _stage_breakdown(done)
     if stage_labels:
         rep.figure("stage_breakdown", lambda: F.phase_breakdown(
-            stage_labels, stage_vals, "time per phase per pipeline stage", "configuration / stage"),
-            "Seconds per measured step in each phase, averaged over the ranks of each pipeline stage, from the "
-            "ranks' phase events (profiler traces, where taken, refine the communication share).")
+            stage_labels, stage_vals, f"time per category per pipeline stage (from {stage_src})",
+            "configuration / stage"),
+            f"Seconds per step in each category, averaged over the ranks of each pipeline stage, from {stage_src}"
+            + (": compute only, compute overlapped with communication, exposed communication, idle."
+               if stage_src == "profiler traces" else "."))
     else:
         rep.p("No phase events or profiler traces in these runs: the per-stage breakdown is skipped.", "note")
 
@@ -367,9 +377,30 @@ def F_slot_key(device: str) -> tuple[str, int]:
     return (device.rstrip("0123456789"), int(digits) if digits else -1)
 
 
-def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[str], dict[str, list[float]]]:
-    labels: list[str] = []
-    groups: list[dict[str, float]] = []
+PROFILE_PARTS = ("compute_only_s", "overlap_s", "comm_exposed_s", "idle_s")
+
+
+def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]
+                     ) -> tuple[list[str], dict[str, list[float]], str]:
+    """Per configuration and pipeline stage: seconds per category. From profiler traces when any run
+    has them (compute / overlap / exposed communication / idle), else from the ranks' phase events."""
+    if any(s.get("profiles") for _, s in done):
+        labels: list[str] = []
+        groups: list[dict[str, float]] = []
+        for r, s in done:
+            profs = s.get("profiles") or []
+            if not profs:
+                continue
+            stage_of = {pr["rank"]: (pr.get("coords") or {}).get("pp", 0) for pr in s.get("per_rank") or []}
+            for st in sorted({stage_of.get(p["rank"], 0) for p in profs}):
+                sel = [p for p in profs if stage_of.get(p["rank"], 0) == st]
+                labels.append(f"{r['label']} / stage {st}")
+                groups.append({k.removesuffix("_s").replace("_", " "): float(np.mean([p[k] for p in sel]))
+                               for k in PROFILE_PARTS})
+        kinds = [k.removesuffix("_s").replace("_", " ") for k in PROFILE_PARTS]
+        return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}, "profiler traces"
+    labels = []
+    groups = []
     for r, s in done:
         phases = s.get("phases") or []
         n = (s.get("window") or {}).get("measured_steps") or 0
@@ -386,7 +417,7 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple
             labels.append(f"{r['label']} / stage {st}")
             groups.append(acc)
     kinds = sorted({k for g in groups for k in g})
-    return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}
+    return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}, "phase events"
 
 
 def _safe(text: str) -> str:
