@@ -33,7 +33,7 @@ from typing import IO, Any
 from powertrain.schema import TELEMETRY_FIELDS
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
 from powertrain.store.tables import finalize_run_streams
-from powertrain.telemetry.sampler import DEFAULT_RATE_HZ, clock_info
+from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 
 # Quantities people look for, and the telemetry fields that carry them.
 QUANTITIES: dict[str, tuple[str, ...]] = {
@@ -157,7 +157,7 @@ class Monitor:
         cmd = [
             sys.executable, "-m", "powertrain.telemetry.sampler", str(self.run.path),
             "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,
-            "--flush", str(self.flush_s), "--watch-parent",
+            "--flush", str(self.flush_s), "--watch-pid", str(os.getpid()),
         ]
         if self.prometheus:
             cmd += ["--prometheus", self.prometheus]

@@ -31,6 +31,7 @@ from powertrain.plan.planner import Plan
 from powertrain.plan.state import FINISHED, SweepState, sweep_lock
 from powertrain.spec.run import Protocol, RunConfig
 from powertrain.store.rundir import RunDir
+from powertrain.store.tables import finalize_run_streams
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda out of memory", "oom-kill", "oom_kill", "memoryerror")
 
@@ -213,6 +214,14 @@ def _launch_slurm(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_
     return None
 
 
+def _close_orphaned_run(run_dir: Path) -> None:
+    """Mark a run whose owner died without recording its end (e.g. killed with the sweep) failed."""
+    run = RunDir(run_dir)
+    if run.exists() and run.read().get("status") == "running" and run.effective_status() == "failed":
+        finalize_run_streams(run_dir)
+        run.update(status="failed", reason="interrupted: its launcher process was gone (sweep stopped)")
+
+
 class SweepRunner:
     """Runs the planned runs of a sweep into ``folder``, persisting state after every change."""
 
@@ -239,6 +248,7 @@ class SweepRunner:
         state = SweepState.create_or_merge(self.folder, self.plan)
         for r in state.runs:
             if r.get("status") == "running":  # left by a sweep that was killed or interrupted
+                _close_orphaned_run(self.folder / r["id"])
                 if self.opts.interrupted == "fail":
                     state.set(r["id"], status="failed", reason="interrupted (sweep stopped while running)")
                 else:
@@ -303,7 +313,8 @@ class SweepRunner:
         status = "failed"
         if RunDir(run_dir).exists():
             info = RunDir(run_dir).read()
-            status = "ok" if info.get("status") == "ok" and reason is None else classify_failure(run_dir)
+            ok = RunDir(run_dir).effective_status() == "ok" and reason is None
+            status = "ok" if ok else classify_failure(run_dir)
             reason = reason or info.get("reason")
             RunDir(run_dir).update(sweep={"name": self.plan.spec.name, "id": run_id, "gate": gate})
         self.state.set(run_id, status=status, reason=reason, ended=time.time())

@@ -27,12 +27,12 @@ from typing import Any
 from powertrain.schema import TELEMETRY_SCHEMA
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
 from powertrain.store.tables import StreamingTableWriter
-from powertrain.telemetry.backend import Backend
+from powertrain.telemetry.backend import Backend, BackendUnavailable
+from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 from powertrain.telemetry.discover import open_backends
 
 log = logging.getLogger("powertrain.sampler")
 
-DEFAULT_RATE_HZ = 20.0
 MAX_RATE_HZ = 1000.0
 
 
@@ -48,7 +48,7 @@ class Sampler:
         host: str | None = None,
         rate_hz: float = DEFAULT_RATE_HZ,
         flush_s: float = 1.0,
-        watch_parent: bool = False,
+        watch_pid: int | None = None,
         exporter: Any = None,
     ) -> None:
         if not 0 < rate_hz <= MAX_RATE_HZ:
@@ -64,7 +64,7 @@ class Sampler:
         )
         self.exporter = exporter  # a powertrain.live.prometheus.PrometheusExporter, or None
         self._stop = threading.Event()
-        self._parent = os.getppid() if watch_parent else None
+        self._parent = watch_pid  # stop when our parent is no longer this process
         self.samples = 0
         self.missed = 0
         self.stop_reason = "stopped"
@@ -160,13 +160,6 @@ class Sampler:
             log.info("stopped (%s) after %d samples", self.stop_reason, self.samples)
 
 
-def clock_info() -> dict[str, Any]:
-    """What clock rows are stamped with, and its relation to the monotonic clock right now."""
-    real = time.clock_gettime_ns(time.CLOCK_REALTIME)
-    mono = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    return {"clock": "CLOCK_REALTIME", "realtime_minus_monotonic_ns": real - mono, "read_at_ns": real}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m powertrain.telemetry.sampler", description=__doc__)
     p.add_argument("run_dir", type=Path)
@@ -174,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backends", default="auto", help="auto, or a comma list of nvidia,amd,host")
     p.add_argument("--host", default=None, help="host label (default: short host name)")
     p.add_argument("--flush", type=float, default=1.0, help="seconds between crash-safe flushes")
-    p.add_argument("--watch-parent", action="store_true", help="stop when the starting process exits")
+    p.add_argument("--watch-pid", type=int, default=None,
+                   help="the starting process's pid: stop when it is no longer our parent (it died)")
     p.add_argument("--prometheus", default=None, metavar="[HOST:]PORT",
                    help="serve the latest readings for Prometheus (HOST defaults to 127.0.0.1)")
     args = p.parse_args(argv)
@@ -187,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     requested = "auto" if args.backends == "auto" else args.backends.split(",")
-    backends, notes = open_backends(requested)
+    try:
+        backends, notes = open_backends(requested)
+    except BackendUnavailable as exc:
+        print(f"telemetry backend unavailable: {exc}", file=sys.stderr)  # the monitor shows this line
+        return 2
     exporter = None
     if args.prometheus:
         from powertrain.live.prometheus import PrometheusExporter
@@ -195,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exporter = PrometheusExporter(args.prometheus)
         log.info("serving Prometheus metrics on http://%s:%d/metrics", exporter.addr, exporter.port)
     sampler = Sampler(run.path, backends=backends, notes=notes, host=host, rate_hz=args.rate,
-                      flush_s=args.flush, watch_parent=args.watch_parent, exporter=exporter)
+                      flush_s=args.flush, watch_pid=args.watch_pid, exporter=exporter)
 
     def on_signal(signum: int, _frame: object) -> None:
         sampler.stop(f"received {signal.Signals(signum).name}")
