@@ -50,11 +50,13 @@ def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     out: dict[str, list[float | None]] = {}
     for case in cases:
         cfg = RunConfig.model_validate(case["config"])
+        t_build = time.perf_counter()
         t = Trainer(cfg, skip_grad_sync=bool(case.get("skip_grad_sync", False)))
         t0 = time.perf_counter()
         out[case["name"]] = [t.step(i).loss for i in range(int(case.get("steps", 5)))]
         if dist.get_rank() == 0:
-            print(f"{case['name']}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"{case['name']}: built in {t0 - t_build:.1f} s, trained in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
         t.close()
         del t
         gc.collect()
