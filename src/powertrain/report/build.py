@@ -103,17 +103,32 @@ def _status_badge(status: str) -> _Html:
 
 
 def _metrics_table(rep: Report, summ: dict[str, Any]) -> None:
+    """Metrics with values first; the null ones, each with its reason, folded below."""
     metrics = summ.get("metrics") or {}
     why = summ.get("why_null") or {}
-    rows = []
+    rows, nulls = [], []
     for m in METRICS:
         if m.name not in metrics:
             continue
         v = metrics[m.name]
         if m.name.startswith("throttle_share_") and not v:
             continue  # reasons that never occurred (0) or were not measured (listed under throttle_share)
-        rows.append([m.name, format_value(m.name, v), m.text if v is not None else f"null: {why.get(m.name, '')}"])
-    rep.table(["metric", "value", "definition / why null"], rows, cls="metrics")
+        if v is None:
+            nulls.append([m.name, why.get(m.name, "")])
+        else:
+            rows.append([m.name, format_value(m.name, v), m.text])
+    if rows:
+        rep.table(["metric", "value", "definition"], rows, cls="metrics")
+    else:
+        rep.p("No metric could be computed for this run (see below).", "note")
+    if nulls:
+        rep.raw(f"<details><summary>{len(nulls)} metrics are null (not measured here) — why</summary>")
+        rep.table(["metric", "why null"], nulls, cls="nulls")
+        rep.raw("</details>")
+
+
+def _fmt_s(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3g} s"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,8 +266,9 @@ def _data_quality(rep: Report, summ: dict[str, Any]) -> None:
         + f" ({dq.get('clock_skew_note', '')})",
         json.dumps(dq.get("rate_hz_requested")),
     ]], cls="info")
-    rows = [[f"{d['host']}/{d['device']}", d.get("samples"), format_value("x", d.get("rate_hz")) + " Hz",
-             d.get("gaps"), format_value("x", d.get("gap_s")) + " s", format_value("x", d.get("max_interval_s")) + " s"]
+    rows = [[f"{d['host']}/{d['device']}", d.get("samples"),
+             "—" if d.get("rate_hz") is None else f"{d['rate_hz']:.3g} Hz",
+             d.get("gaps"), _fmt_s(d.get("gap_s")), _fmt_s(d.get("max_interval_s"))]
             for d in dq.get("devices") or []]
     if rows:
         rep.table(["device", "samples in window", "achieved rate", "gaps (> 2.5 periods)", "time in gaps",
@@ -453,7 +469,8 @@ body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1
 h1 {{ font-size: 1.5em; }} h2 {{ font-size: 1.15em; border-bottom: 1px solid #ddd; margin-top: 1.6em; }}
 table {{ border-collapse: collapse; font-size: 0.82em; margin: 0.6em 0; }}
 th, td {{ border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }} td:nth-child(2) {{ white-space: nowrap; }}
+th {{ background: #f3f3f3; }} table.metrics td:nth-child(2) {{ white-space: nowrap; }}
+details {{ margin: 0.4em 0; }} summary {{ cursor: pointer; color: #555; }}
 table.info td {{ max-width: 320px; word-break: break-word; }}
 figure {{ margin: 0.8em 0; }} figure img {{ max-width: 100%; border: 1px solid #eee; }}
 figcaption {{ font-size: 0.8em; color: #555; }}

@@ -56,7 +56,9 @@ def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_m
     ``series[field][device] = (seconds since start, values)``; ``not_measured[field] = reason``.
     """
     n = len(series) + (1 if not_measured else 0)
-    fig, axes = plt.subplots(max(n, 1), 1, figsize=(10, 1.9 * max(n, 1) + 0.6), sharex=bool(series), squeeze=False)
+    ratios = [1.0] * len(series) + ([0.22 + 0.1 * len(not_measured)] if not_measured else [])
+    fig, axes = plt.subplots(max(n, 1), 1, figsize=(10, 1.9 * sum(ratios or [1]) + 0.6), sharex=bool(series),
+                             squeeze=False, gridspec_kw={"height_ratios": ratios or [1]})
     axs = list(axes[:, 0])
     for ax, (field, devs) in zip(axs, series.items(), strict=False):
         scale = 1 / 2**30 if field.endswith("_bytes") else 1.0
