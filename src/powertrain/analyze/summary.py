@@ -91,6 +91,9 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
         summ = read_json(run.summary_json)
         summ["kind"] = "prediction"
         summ.setdefault("run", info.get("name") or run.path.name)
+        summ.setdefault("status", info.get("status") or "ok")
+        summ.setdefault("reason", info.get("reason"))
+        summ.setdefault("config", info.get("config"))
         return summ
 
     status = run.effective_status()

@@ -76,8 +76,14 @@ def model_flops_per_token(model: Any) -> tuple[float, str]:
 
 
 def hardware_flops_per_token(model: Any, recompute: str) -> float:
+    """Training FLOPs per token including what recomputation repeats (predictor's definition if present)."""
     m = get_model(model)
-    return model_flops_per_token(m)[0] + _recompute_flops_per_token(m, recompute)
+    try:
+        from powertrain.predict import flops as pf
+
+        return float(pf.hardware_flops_per_token(m, recompute))
+    except (ImportError, AttributeError, TypeError):
+        return _model_flops_per_token_local(m) + _recompute_flops_per_token(m, recompute)
 
 
 def cpu_probe_peak_flops(n: int = 1024, repeats: int = 5) -> float:
