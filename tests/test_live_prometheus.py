@@ -116,3 +116,18 @@ def test_monitor_prometheus_answers_while_running_and_only_on_loopback(tmp_path)
     assert proc.returncode == 0, err
     if _non_loopback_ipv4() is None:
         pytest.skip("no non-loopback IPv4 address on this machine: only the bound address was checked")
+
+
+def test_grafana_dashboard_queries_only_metrics_the_exporter_serves():
+    import re
+    from pathlib import Path
+
+    from powertrain.schema import TELEMETRY_FIELDS
+
+    dash = json.loads((Path(__file__).parents[1] / "examples" / "grafana-dashboard.json").read_text())
+    served = {metric_name(f) for f in TELEMETRY_FIELDS} | {"powertrain_sampler_samples_total",
+                                                           "powertrain_sample_timestamp_seconds"}
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if isinstance(v.get("query"), dict)]
+    used = {m for e in exprs for m in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\{", e)}
+    assert used and used <= served, used - served
