@@ -14,7 +14,7 @@ one NVLink domain (a node, or 72 GPUs of an NVL72 rack). So TP groups stay insid
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from powertrain.hardware import DeviceSpec, get_device
 
@@ -117,6 +117,10 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
         dp = hw.world // rest
     ov = k.overlap
     dev = device or get_device(hw.device)
+    if dev.measured and hw.devices_per_node > 1:
+        # ranks on one host CPU share its cores and memory bandwidth
+        n = hw.devices_per_node
+        dev = replace(dev, peak_flops={k: v / n for k, v in dev.peak_flops.items()}, memory_bw=dev.memory_bw / n)
     return Case(
         layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
