@@ -82,3 +82,17 @@ def test_report_on_missing_path_names_the_fix(tmp_path):
 ])
 def test_pareto_front(pts, front):
     assert pareto_front(pts) == front
+
+
+def test_sweep_with_a_prediction_labels_it(tmp_path):
+    sweep = tmp_path / "mixed"
+    synthetic.write_run(sweep / "measured", hosts=1, devices_per_host=2, steps=2)
+    pred = RunDir(sweep / "predicted").create()
+    pred.write({"kind": "prediction", "name": "predicted", "status": "ok",
+                "config": {"model": "gpt3-tiny", "layout": {"tp": 2}}})
+    (pred.path / "summary.json").write_text(json.dumps({"kind": "prediction", "metrics": {
+        "step_time_mean_s": 0.9, "tokens_per_s": 9000.0, "j_per_token": 0.4, "power_mean_w": 480.0,
+        "power_peak_w": 560.0, "temp_peak_c": 60.0}}))
+    html = build_report(sweep, tmp_path / "o", ("png",)).read_text()
+    assert "contains PREDICTIONS" in html
+    assert ">prediction<" in html  # the kind column of the sweep table
