@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +14,7 @@ from rich.table import Table
 
 from powertrain.cli import app
 
-out = Console(soft_wrap=False)
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
 _COLS = (("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}"), ("step_time_mean_s", "step s", "{:.3g}"),
@@ -78,6 +79,7 @@ def predict_cmd(
         err.print("[red]error:[/] give a SPEC file, or --study for the study's matrices")
         raise typer.Exit(2)
     else:
+        from powertrain.plan.planner import run_id
         from powertrain.plan.sweep_spec import SpecError, expand, load_sweep_spec
 
         try:
@@ -89,7 +91,8 @@ def predict_cmd(
             if e.config is None:
                 err.print(f"[yellow]skipped[/] grid point {e.index}: {e.error}")
             else:
-                configs.append(e.config)
+                # name each grid point as the planner does, so predictions line up with measured runs
+                configs.append(e.config.model_copy(update={"name": run_id(e.settings)}) if e.settings else e.config)
     t0 = time.perf_counter()
     results = []
     for cfg in configs:
