@@ -25,6 +25,7 @@ def gpu_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("runs") / "r1"
     synthetic.write_run(path, hosts=2, devices_per_host=4, base_w=BASE, amp_w=AMP, freq_hz=FREQ,
                         throttle_share=SHARES, link_bps=1e9, steps=6, step_s=1.0, temp_step_c=2.0,
+                        power_limit_w=(BASE + 0.9 * AMP) / 0.9,
                         device_properties={"clock_sm_max_mhz": 2000.0})
     return path, summarize_run(path)
 
@@ -69,6 +70,9 @@ def test_power_peaks_oscillation_and_cluster(gpu_run):
     assert m["cluster_power_peak_w"] == pytest.approx(8 * (BASE + AMP), rel=0.01)
     # steepest chord of a 0.5 Hz sine sampled at 10 Hz: amp·sin(π·0.1)/0.1 (through a zero crossing)
     assert m["power_ramp_max_w_per_s"] == pytest.approx(AMP * math.sin(math.pi * 0.1) / 0.1, rel=1e-6)
+    # 0.9 × limit = BASE + 0.9·AMP: sin(πt) ≥ 0.9 holds for the 3 samples around each crest
+    # (t = k+0.4, k+0.5, k+0.6; sin(0.4π) = 0.951), 3 crests in the 6 s window, 61 samples
+    assert m["power_above_90pct_limit_share"] == pytest.approx(9 / 61, rel=1e-6)
     dev = s["per_device"][0]
     assert dev["power_osc_freq_hz"] == pytest.approx(FREQ, rel=0.03)
 

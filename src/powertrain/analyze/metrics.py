@@ -61,6 +61,8 @@ METRICS: list[Metric] = [
     _M("power_ramp_max_w_per_s", "W/s", "fastest change of power_w between consecutive samples, any device", "lower"),
     _M("power_osc_freq_hz", "Hz", "dominant frequency of the device-mean power signal (FFT, DC removed)"),
     _M("power_osc_amp_w", "W", "amplitude (half peak-to-peak of the sine) at that frequency", "lower"),
+    _M("power_above_90pct_limit_share", "", "share of samples with power_w ≥ 0.9 × power_limit_w, all devices",
+       "lower"),
     _M("power_swing_w", "W", "p99 − p1 of each device's power, averaged over devices", "lower"),
     _M("cluster_power_mean_w", "W", "mean of the sum of all devices' power"),
     _M("cluster_power_peak_w", "W", "peak of the sum of all devices' power (per sample period)", "lower"),

@@ -168,6 +168,12 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     if metrics["power_ramp_max_w_per_s"] is None and pw:
         why["power_ramp_max_w_per_s"] = "fewer than two power samples inside the window"
 
+    lim = [s for s in pw if s.get("power_above_limit_n")]
+    if lim:
+        metrics["power_above_90pct_limit_share"] = (
+            sum(s["power_above_limit"] * s["power_above_limit_n"] for s in lim) / sum(s["power_above_limit_n"] for s in lim))
+    else:
+        why["power_above_90pct_limit_share"] = why.get("power_mean_w") or "no power_limit_w field on these devices"
     per_step_power: dict[int, float] = {}
     series = None
     if pw:

@@ -12,7 +12,7 @@ Signals, per device ``d`` (global index ``g``) at time ``t`` (seconds since the 
 * ``temp_c = temp_base_c + temp_step_c · slot`` (rear slots hotter, as in an air-cooled chassis);
 * ``clock_sm_mhz = clock_mhz`` except while throttled, where it is ``clock_mhz − 300``; a device is
   throttled (``POWER_CAP``) in the first ``throttle_share[g]`` of every second;
-* ``link_tx_bytes`` grows at ``link_bps`` bytes per second.
+* ``link_tx_bytes`` grows at ``link_bps`` bytes per second; ``power_limit_w`` is constant if given.
 
 Step events: ``warmup`` then ``steps`` measured steps per rank, back to back, each ``step_s``
 long (rank ``r`` adds ``straggle_s · r``), ``tokens_per_rank`` tokens each.
@@ -57,6 +57,7 @@ def telemetry_table(
     throttle_share: Sequence[float] | float = 0.0,
     link_bps: float | None = None,
     energy_counter: bool = True,
+    power_limit_w: float | None = None,
     fields: Sequence[str] | None = None,
 ) -> pa.Table:
     """Telemetry rows of one host (see module doc); ``fields`` limits which fields are non-null."""
@@ -82,6 +83,8 @@ def telemetry_table(
             "util_pct": np.full(n, 95.0),
             "mem_used_bytes": np.full(n, 40 << 30, dtype=np.int64),
         }
+        if power_limit_w is not None:
+            values["power_limit_w"] = np.full(n, power_limit_w)
         if link_bps is not None:
             values["link_tx_bytes"] = np.round(link_bps * t_s).astype(np.int64)
         if not energy_counter:

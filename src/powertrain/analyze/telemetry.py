@@ -35,6 +35,7 @@ from powertrain.store.tables import read_telemetry
 # the window's edges.
 EDGE_MARGIN_S = 30.0
 GAP_FACTOR = 2.5
+POWER_LIMIT_FRACTION = 0.9  # "near the limit": at or above 90 % of the enforced power limit
 
 LEVEL_FIELDS = ("power_w", "power_avg_w", "temp_c", "temp_hotspot_c", "temp_mem_c", "clock_sm_mhz",
                 "clock_mem_mhz", "util_pct", "util_mem_pct", "power_limit_w", "fan_pct", "cpu_util_pct",
@@ -114,6 +115,10 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     ]
     if "power_w" in present:
         level += ["quantile_cont(power_w, 0.99) AS power_w_p99", "quantile_cont(power_w, 0.01) AS power_w_p01"]
+    if "power_w" in present and "power_limit_w" in present:
+        level += [f"avg(CASE WHEN power_w IS NULL OR power_limit_w IS NULL THEN NULL "
+                  f"WHEN power_w >= {POWER_LIMIT_FRACTION} * power_limit_w THEN 1.0 ELSE 0.0 END) AS power_above_limit",
+                  "count(CASE WHEN power_w IS NOT NULL AND power_limit_w IS NOT NULL THEN 1 END) AS power_above_limit_n"]
     if "throttle" in present:
         level += [
             "count(throttle) AS throttle_n",
