@@ -200,6 +200,20 @@ def test_power_step_ramp_and_gap_counted(tmp_path):
     assert dq["gaps"] == 1 and dq["max_interval_s"] == pytest.approx(0.6)
 
 
+def test_time_to_steady_state(tmp_path):
+    # first-order warm-up 40 → 70 °C with a 20 s time constant: within 1 °C of 70 after 20·ln(30) s
+    path = synthetic.write_run(tmp_path / "warm", hosts=1, devices_per_host=1, steps=200, step_s=1.0, amp_w=0.0)
+    f = RunDir(path).telemetry_file("node0")
+    t = pq.read_table(f)
+    ts = (t["t_ns"].to_numpy() - t["t_ns"].to_numpy()[0]) / 1e9
+    temp = 70.0 - 30.0 * np.exp(-ts / 20.0)
+    pq.write_table(t.set_column(t.schema.get_field_index("temp_c"), "temp_c", pa.array(temp)), f)
+    s = summarize_run(path, probe_cpu_peak=False)
+    # the final level is the mean of the last 10 % (≈ 70 − tiny): 1 s buckets round up to the next second
+    assert s["metrics"]["temp_time_to_steady_s"] == pytest.approx(20 * math.log(30), abs=1.5)
+    assert sig.time_to_steady(np.arange(20.0), np.r_[np.zeros(19), 5.0]) is None  # never settles
+
+
 def test_signal_functions_known_answers():
     t = (np.arange(0, 1000) * 1e7).astype(np.int64)  # 100 Hz for 10 s
     x = 3.0 + 2.0 * np.sin(2 * np.pi * 5.0 * t / 1e9)

@@ -71,6 +71,8 @@ METRICS: list[Metric] = [
     _M("temp_peak_c", "°C", "highest temp_c of any device", "lower"),
     _M("temp_spread_c", "°C", "largest within-node spread of per-device mean temp_c (max − min)", "lower"),
     _M("temp_spread_pct", "%", "that spread as a share of the node's coolest device mean", "lower"),
+    _M("temp_time_to_steady_s", "s", "slowest device's time from the first sample to stay within ±1 °C of its final "
+       "temperature (1 s means)", "lower"),
     # clocks
     _M("clock_sm_mean_mhz", "MHz", "mean clock_sm_mhz, averaged over devices", "higher"),
     _M("clock_sm_drop_pct", "%", "(max SM clock − mean) / max × 100; max from device properties or observed",

@@ -116,6 +116,26 @@ def dominant_oscillation(t_ns: np.ndarray, v: np.ndarray, period_s: float | None
     return float(min(max(freq, freqs[1]), freqs[-1])), float(amp)
 
 
+def time_to_steady(t_s: np.ndarray, v: np.ndarray, band: float = 1.0, tail: float = 0.1) -> float | None:
+    """Seconds from the first sample until the series enters, and stays within, ``±band`` of its final
+    level (the mean of the last ``tail`` share of the samples). ``None`` below 10 samples or when the
+    series does not settle (its last sample is outside the band)."""
+    t = np.asarray(t_s, dtype=np.float64)
+    x = np.asarray(v, dtype=np.float64)
+    ok = ~np.isnan(x)
+    t, x = t[ok], x[ok]
+    if len(t) < 10:
+        return None
+    final = float(np.mean(x[-max(1, int(len(x) * tail)):]))
+    out = np.abs(x - final) > band
+    if out[-1]:
+        return None
+    if not out.any():
+        return 0.0
+    last_out = int(np.flatnonzero(out)[-1])
+    return float(t[last_out + 1] - t[0])
+
+
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     """Pearson correlation of two equally long samples; ``None`` below 3 points or without variance."""
     a = np.asarray(x, dtype=np.float64)
