@@ -239,6 +239,10 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
     series, missing, t0 = _timeline_series(path, info.get("fields_supported") or [])
     spans = _step_spans(events, t0) if events.num_rows and t0 else []
     rep.h("Timelines")
+    n_dev = len(summ.get("per_device") or [])
+    if n_dev > MAX_TIMELINE_DEVICES:
+        rep.p(f"Timelines show the first {MAX_TIMELINE_DEVICES} of {n_dev} devices; the slot heatmaps of a sweep "
+              "report and `powertrain trace` show all of them.", "note")
     if series or missing:
         rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device"),
                    "Telemetry per device; shaded: step windows (green measured, orange warm-up). Fields this "
