@@ -138,20 +138,23 @@ def test_failures_are_told_apart_from_out_of_memory(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
+def slurm():
     """A real single-node Slurm on localhost (scripts/slurm-local.sh), started for this session."""
     if shutil.which("slurmctld") is None:
         pytest.skip("Slurm is not installed (scripts/setup.sh --system installs it as root)")
     if os.geteuid() != 0:
         pytest.skip("the local Slurm needs root")
-    folder = tmp_path_factory.mktemp("slurm")
+    # One folder (one set of ports) per machine: reuse a running local Slurm, stop only what we start.
+    folder = Path(os.environ.get("POWERTRAIN_SLURM_DIR", "/tmp/powertrain-slurm"))
     script = REPO / "scripts" / "slurm-local.sh"
+    status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
+    was_running = "slurmctld: running" in status.stdout
     res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
         pytest.fail(f"local Slurm did not start: {res.stderr}")
-    conf = str(folder / "slurm.conf")
-    yield conf
-    subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
+    yield str(folder / "slurm.conf")
+    if not was_running:
+        subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
 
 
 @pytest.mark.slow
