@@ -1,7 +1,7 @@
 """Calibration: fit a profile's coefficients to measured runs and report the fit error.
 
 Measured runs come from run directories (``run.json`` with the resolved RunConfig under
-``config``; ``events/rank-*.parquet`` whose ``kind == "step"`` rows in the ``measured`` window
+``config`` or ``spec``; ``events/rank-*.parquet`` whose ``kind == "step"`` rows in the ``measured`` window
 give the step time — per step the slowest rank, then the mean over steps; telemetry ``power_w``
 where present gives mean power per device) or from any list of (Case, step time) pairs, e.g.
 published runs.
@@ -59,9 +59,15 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
         raise ValueError(f"{path} is a prediction, not a measured run; calibrate on measured runs only")
     if info.get("status") not in (None, "ok"):
         raise ValueError(f"{path}: run status is {info.get('status')!r}; only finished (ok) runs calibrate")
-    cfg_raw = info.get("config")
+    # the resolved RunConfig: run.json "config" (the contract), "spec" (what `powertrain run` writes),
+    # or spec.json beside it
+    cfg_raw = info.get("config") or info.get("spec")
+    if not isinstance(cfg_raw, dict) and (rd.path / "spec.json").is_file():
+        import json
+
+        cfg_raw = json.loads((rd.path / "spec.json").read_text())
     if not isinstance(cfg_raw, dict):
-        raise ValueError(f"{path}: run.json has no resolved `config`; runs made by `powertrain run` carry one")
+        raise ValueError(f"{path}: run.json has no resolved `config` (or `spec`); runs made by `powertrain run` carry one")
     cfg = RunConfig.model_validate(cfg_raw)
     ev = read_events(rd.path)
     mask = pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured"))
