@@ -121,6 +121,10 @@ def test_lines_that_are_not_step_lines_are_ignored():
 
 
 def test_unknown_engine_is_a_usage_error(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(tmp_path / "x"),
-                          "--parse", "fairseq", "--", "true"], capture_output=True, text=True)
-    assert res.returncode == 2 and "megatron, torchtitan, nemo" in res.stderr
+    from typer.testing import CliRunner
+
+    from powertrain.cli import app
+
+    res = CliRunner().invoke(app, ["monitor", "--out", str(tmp_path / "x"), "--parse", "fairseq", "--", "true"])
+    assert res.exit_code == 2 and "megatron, torchtitan, nemo" in res.output
+    assert not (tmp_path / "x").exists()  # refused before anything started
