@@ -29,7 +29,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
     for col in ("id", "model", "layout", "mb", "gb", "recompute", "mem/dev GiB", "fits", "status", "reason"):
         table.add_column(col, overflow="fold")
-    shown = [r for r in p.runs if show_all or r.status != "planned"]
+    shown = [r for r in p.runs if show_all or r.status != "planned" or r.warnings]
     for r in shown:
         c = r.config
         table.add_row(
@@ -42,7 +42,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             _gib(r.mem_per_device_bytes),
             {True: "yes", False: "no", None: "—"}[r.fits],
             f"[{_STYLE[r.status]}]{r.status}[/]",
-            escape("; ".join(r.reasons)),
+            escape("; ".join(r.reasons + r.warnings)),
         )
     if shown:
         console.print(table)
@@ -51,6 +51,8 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
         f"{len(p.runs)} runs: [green]{counts['planned']} to launch[/], [red]{counts['rejected']} rejected[/] "
         f"(invalid or predicted not to fit), [yellow]{counts['unsupported']} unsupported by the built-in "
         f"trainer[/], [dim]{counts['duplicate']} duplicates merged[/]"
+        + (f"; {warned} launched although predicted not to fit" if (warned := sum(bool(r.warnings) for r in p.runs))
+           else "")
     )
 
 

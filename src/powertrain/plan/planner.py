@@ -43,6 +43,7 @@ class PlannedRun:
     mem_capacity_bytes: float | None = None
     duplicate_of: str | None = None
     unused_knobs: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool | None:
@@ -56,6 +57,7 @@ class PlannedRun:
             "index": self.index,
             "status": self.status,
             "reasons": self.reasons,
+            "warnings": self.warnings,
             "variant": self.variant,
             "axes": self.settings,
             "layout": self.config.layout.label() if self.config else None,
@@ -199,9 +201,11 @@ def plan(spec: SweepSpec) -> Plan:
         run.config = exp.config.model_copy(update={"layout": exp.config.layout.resolve(world), "name": rid})
         need, capacity, why = _memory(run.config)
         run.mem_per_device_bytes, run.mem_capacity_bytes = need, capacity
-        if why:
+        if why and spec.launch.memory_check == "reject":
             run.status, run.reasons = "rejected", [why]
             continue
+        if why:
+            run.warnings.append(f"predicted not to fit, launched anyway (launch.memory_check: warn): {why}")
         effective, run.unused_knobs = effective_config(run.config)
         key = json.dumps(effective, sort_keys=True)
         if key in seen_effective:

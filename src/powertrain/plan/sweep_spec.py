@@ -52,6 +52,10 @@ class LaunchOptions(BaseModel):
     account: str | None = None
     slurm_extra: list[str] = Field(default_factory=list, description="extra #SBATCH directives")
     sampler_rate_hz: float = Field(default=20.0, gt=0)
+    memory_check: Literal["reject", "warn"] = Field(
+        default="reject",
+        description="a run the memory model predicts not to fit: reject it, or launch it with a warning",
+    )
 
 
 class SweepSpec(BaseModel):
