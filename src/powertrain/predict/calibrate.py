@@ -6,7 +6,7 @@ give the step time — per step the slowest rank, then the mean over steps; tele
 where present gives mean power per device) or from any list of (Case, step time) pairs, e.g.
 published runs.
 
-The fit minimises the mean squared log error of step time (and of mean power for the power
+The fit minimises the mean absolute log error of step time (and of mean power for the power
 coefficients, where measured) over a handful of named coefficients by Nelder–Mead in log space,
 so every coefficient stays positive. Fewer coefficients than runs, always.
 """
@@ -168,7 +168,8 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
     def objective(x: np.ndarray) -> float:
         p = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, x, strict=True)})
         errs = errors(runs, p)
-        return float(np.mean([math.log1p(e) ** 2 for e in errs]))
+        # mean |log ratio|: close to MAPE, and robust to one noisy measurement
+        return float(np.mean([abs(math.log1p(e)) for e in errs]))
 
     best = _nelder_mead(objective, x0)
     fitted = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, best, strict=True)})

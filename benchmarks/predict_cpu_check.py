@@ -1,0 +1,107 @@
+"""The CPU acceptance check of `predict`: calibrate on three measured layouts, predict the others.
+
+Runs llama3-tiny on this machine's CPU with `powertrain run` in eight configurations (or reuses run
+directories already there), calibrates a profile on three of them (DP1, DP2, TP2) and predicts the
+other five (PP2, micro-batch 4, full recompute, TP2 with sequence parallelism, DP2 with micro-batch
+4), printing each error against the 20% target.
+
+    python benchmarks/predict_cpu_check.py --dir /tmp/cpu-check          # launch what is missing
+    python benchmarks/predict_cpu_check.py --dir /tmp/cpu-check --no-launch
+
+Step times on a shared 2-core machine are only as steady as the machine: the script prints each
+run's coefficient of variation so a noisy measurement is visible next to its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+FIT = ("dp1", "dp2", "tp2")
+HELD_OUT = ("pp2", "dp1-mb4", "dp2-full", "tp2-sp", "dp2-mb4")
+SPECS = {
+    "dp1": (1, "{tp: 1, pp: 1}", 1, "none"),
+    "dp2": (2, "{tp: 1, pp: 1}", 1, "none"),
+    "tp2": (2, "{tp: 2, pp: 1}", 1, "none"),
+    "pp2": (2, "{tp: 1, pp: 2, pp_schedule: 1f1b}", 1, "none"),
+    "dp1-mb4": (1, "{tp: 1, pp: 1}", 4, "none"),
+    "dp2-full": (2, "{tp: 1, pp: 1}", 1, "full"),
+    "tp2-sp": (2, "{tp: 2, pp: 1, sequence_parallel: true}", 1, "none"),
+    "dp2-mb4": (2, "{tp: 1, pp: 1}", 4, "none"),
+}
+
+
+def spec_text(name: str) -> str:
+    dpn, layout, mb, rc = SPECS[name]
+    return (f"name: {name}\nmodel: llama3-tiny\nlayout: {layout}\n"
+            f"knobs: {{micro_batch: {mb}, global_batch: 8, recompute: {rc}, precision: fp32}}\n"
+            f"hardware: {{nodes: 1, devices_per_node: {dpn}, device: cpu}}\n"
+            "protocol: {warmup_steps: 2, measured_steps: 6}\n")
+
+
+def step_cv(run_dir: Path) -> float:
+    import pyarrow.compute as pc
+
+    from powertrain.store import read_events
+
+    ev = read_events(run_dir)
+    st = ev.filter(pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured")))
+    d = (np.asarray(st["t_end_ns"].to_pylist(), float) - np.asarray(st["t_start_ns"].to_pylist(), float)) / 1e9
+    return float(np.std(d) / np.mean(d)) if len(d) else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, required=True, help="folder holding (or to hold) the eight run directories")
+    ap.add_argument("--no-launch", action="store_true", help="only use run directories already there")
+    args = ap.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for name in SPECS:
+        run = args.dir / name
+        if (run / "run.json").is_file() or args.no_launch:
+            continue
+        spec = args.dir / f"{name}.yaml"
+        spec.write_text(spec_text(name))
+        print(f"running {name} …", flush=True)
+        subprocess.run([sys.executable, "-m", "powertrain.cli", "run", str(spec), "--out", str(run), "-q"], check=False)
+
+    from powertrain.predict import collect_runs, fit_profile, predict
+
+    import json
+
+    def finished(n: str) -> bool:
+        f = args.dir / n / "run.json"
+        return f.is_file() and json.loads(f.read_text()).get("status") == "ok"
+
+    have = {n for n in SPECS if finished(n)}
+    if not set(FIT) <= have:
+        print(f"missing calibration runs: {sorted(set(FIT) - have)}", file=sys.stderr)
+        return 2
+    runs = collect_runs([args.dir / n for n in FIT])
+    prof = fit_profile(runs, name="cpu-check")
+    print(f"calibrated {', '.join(prof.error['fitted'])} on {', '.join(FIT)}: step-time error "
+          f"{prof.error['step_time_mape_before']:.1%} → {prof.error['step_time_mape']:.1%}")
+    print(f"\n{'run':<10} {'measured s':>11} {'predicted s':>12} {'error':>8} {'step CV':>8}")
+    errs = []
+    for name in FIT + HELD_OUT:
+        if name not in have:
+            print(f"{name:<10} (missing)")
+            continue
+        m = collect_runs([args.dir / name])[0]
+        p = predict(m.case, prof).metrics["step_time_mean_s"]
+        e = p / m.step_time_s - 1
+        if name in HELD_OUT:
+            errs.append(e)
+        tag = "fit" if name in FIT else ("ok" if abs(e) <= 0.2 else "MISS")
+        print(f"{name:<10} {m.step_time_s:>11.3f} {p:>12.3f} {e:>+8.1%} {step_cv(args.dir / name):>8.1%}  {tag}")
+    within = sum(abs(e) <= 0.2 for e in errs)
+    print(f"\nheld-out layouts within 20%: {within}/{len(errs)} (target: at least 4)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
