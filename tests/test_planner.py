@@ -83,3 +83,11 @@ def test_plan_cli_prints_the_table_and_json():
     assert '"rejected": 1' in res.stdout
     res = subprocess.run([sys.executable, "-m", "powertrain.cli", "plan", "nope.yaml"], capture_output=True, text=True)
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_repeats_become_separate_runs():
+    spec = parse_sweep_spec({"name": "rep", "base": {"model": "gpt3-tiny", "hardware": {"devices_per_node": 2},
+                                                     "protocol": {"repeats": 3}}})
+    p = plan(spec)
+    assert [r.id for r in p.runs] == ["run.r1", "run.r2", "run.r3"]
+    assert [r.settings["repeat"] for r in p.runs] == [1, 2, 3]
