@@ -252,9 +252,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     else:
         for k in ("temp_mean_c", "temp_peak_c", "temp_spread_c", "temp_spread_pct", "temp_time_to_steady_s"):
             why[k] = no_tel or "no temperature field on these devices"
-    steady = _time_to_steady(con, [(s["host"], s["device"]) for s in tc]) if tc else {}
-    for s in counted:
-        s["temp_time_to_steady_s"] = steady.get((s["host"], s["device"]))
+    steady = {(s["host"], s["device"]): s.get("temp_c_steady_s") for s in tc}
     if tc and len(steady) == len(tc) and all(v is not None for v in steady.values()):
         metrics["temp_time_to_steady_s"] = max(steady.values())  # type: ignore[type-var]
     elif tc:
@@ -419,7 +417,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
             "power_p99_w": s.get("power_w_p99"), "power_ramp_max_w_per_s": s.get("power_w_ramp_max"),
             "energy_counter_j": s.get("energy_j_delta"), "energy_integral_j": s.get("power_w_integral"),
             "temp_mean_c": s.get("temp_c_mean"), "temp_peak_c": s.get("temp_c_max"),
-            "temp_time_to_steady_s": s.get("temp_time_to_steady_s"),
+            "temp_time_to_steady_s": s.get("temp_c_steady_s"),
             "temp_mem_peak_c": s.get("temp_mem_c_max"),
             "clock_sm_mean_mhz": s.get("clock_sm_mhz_mean"), "clock_sm_min_mhz": s.get("clock_sm_mhz_min"),
             "util_mean_pct": s.get("util_pct_mean"), "cpu_util_mean_pct": s.get("cpu_util_pct_mean"),
@@ -476,21 +474,6 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     telemetry.release(con)
     con.close()
     return _clean(summary)
-
-
-def _time_to_steady(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], float | None]:
-    """Per device, :func:`signal.time_to_steady` of its 1 s mean temperature over the whole run."""
-    t = con.sql("SELECT host, device, t_ns // 1000000000 AS sec, avg(temp_c) AS v FROM tel "
-                "WHERE temp_c IS NOT NULL GROUP BY host, device, sec ORDER BY host, device, sec").to_arrow_table()
-    hosts = t["host"].to_numpy(zero_copy_only=False)
-    devs = t["device"].to_numpy(zero_copy_only=False)
-    secs = t["sec"].to_numpy().astype(np.float64)
-    vals = t["v"].to_numpy(zero_copy_only=False)
-    out: dict[tuple[str, str], float | None] = {}
-    for h, d in keys:
-        sel = (hosts == h) & (devs == d)
-        out[(h, d)] = signal.time_to_steady(secs[sel], vals[sel]) if sel.any() else None
-    return out
 
 
 def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: int, w1: int) -> float | None:

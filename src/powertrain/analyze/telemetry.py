@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from powertrain.analyze.signal import time_to_steady
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.tables import read_telemetry
 
@@ -136,8 +137,12 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
                for k, s in by_key.items()}
     seg_fields = [f for f in (*INTEGRATED, *COUNTERS) if f in present]
     seg: dict[tuple[str, str], dict[str, Any]] = {}
-    for batch in _batches(con, name, ["t_ns", "host", "device", *seg_fields], w0 - margin, w1 + margin):
-        seg.update(_segments(batch, w0, w1, seg_fields, periods))
+    # Time to thermal steady state looks at the whole run (warm-up included), so then the pass reads it all.
+    steady = "temp_c" in present
+    lo, hi = (None, None) if steady else (w0 - margin, w1 + margin)
+    cols = ["t_ns", "host", "device", *seg_fields, *(["temp_c"] if steady else [])]
+    for batch in _batches(con, name, cols, lo, hi):
+        seg.update(_segments(batch, w0, w1, seg_fields, periods, steady_field="temp_c" if steady else None))
     for key, row in seg.items():
         if key in by_key:
             by_key[key].update(row)
@@ -176,12 +181,13 @@ def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int, t_hi: int
+def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int | None, t_hi: int | None
              ) -> Iterator[pa.Table]:
-    """The view's rows in [t_lo, t_hi], one Parquet file (≈ one host) at a time, so memory stays
-    bounded by the largest file rather than the whole run."""
+    """The view's rows in [t_lo, t_hi] (all rows when not given), one Parquet file at a time, so memory
+    stays bounded by the largest file rather than the whole run. The store writes one file per host,
+    so each device's rows come in one batch."""
     src = _SOURCES.get((id(con), name))
-    flt = [("t_ns", ">=", t_lo), ("t_ns", "<=", t_hi)]
+    flt = [("t_ns", ">=", t_lo), ("t_ns", "<=", t_hi)] if t_lo is not None and t_hi is not None else None
     if isinstance(src, list):
         for f in src:
             present = set(pq.read_schema(f).names)
@@ -193,11 +199,14 @@ def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo
     else:
         table = src if src is not None else con.sql(f"SELECT {', '.join(columns)} FROM {name}").to_arrow_table()
         table = table.select(columns)
-        yield table.filter(pc.and_(pc.greater_equal(table["t_ns"], t_lo), pc.less_equal(table["t_ns"], t_hi)))
+        if t_lo is None or t_hi is None:
+            yield table
+        else:
+            yield table.filter(pc.and_(pc.greater_equal(table["t_ns"], t_lo), pc.less_equal(table["t_ns"], t_hi)))
 
 
-def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tuple[str, str], float | None]
-              ) -> dict[tuple[str, str], dict[str, Any]]:
+def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tuple[str, str], float | None],
+              steady_field: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
     """Integrals, counter increases, ramps and gaps per device over segments clipped to [w0, w1]
     (see the module docstring), vectorised with numpy over one batch of rows."""
     if t.num_rows < 2:
@@ -269,4 +278,18 @@ def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tu
         for name, (vals, n) in cols.items():
             row[name] = float(vals[i]) if n[i] else None
         out[k] = row  # type: ignore[index]
+    if steady_field is not None:
+        # per device: 1 s means of the field, then the time it takes to settle (signal.time_to_steady)
+        v = pc.cast(t[steady_field], pa.float64()).to_numpy(zero_copy_only=False)[order]
+        bounds = np.r_[0, np.flatnonzero(~same) + 1, len(c)]
+        for j in range(len(bounds) - 1):
+            lo, hi = bounds[j], bounds[j + 1]
+            vv, tt = v[lo:hi], ts[lo:hi]
+            ok = ~np.isnan(vv)
+            if not ok.any():
+                continue
+            sec = tt[ok] // 1_000_000_000
+            uniq, inv = np.unique(sec, return_inverse=True)
+            means = np.bincount(inv, weights=vv[ok]) / np.bincount(inv)
+            out[keys[c[lo]]][f"{steady_field}_steady_s"] = time_to_steady(uniq.astype(np.float64), means)  # type: ignore[index]
     return out
