@@ -116,14 +116,16 @@ def monitor(
             from powertrain.live.prometheus import parse_listen
 
             parse_listen(prometheus)  # a bad value is a usage error before anything starts
+        task = slurm_task()
         if parse:
             from powertrain.live.parse import LiveStepParser
 
-            parser = LiveStepParser(parse, out, seq_len=seq_len, warmup_steps=warmup_steps)
+            # under srun each task parses its own output into its own rank's file
+            parser = LiveStepParser(parse, out, seq_len=seq_len, warmup_steps=warmup_steps,
+                                    default_rank=task["procid"] if task else 0)
         kw: dict[str, Any] = {"rate_hz": rate, "backends": backends if backends == "auto" else backends.split(","),
                               "echo": not quiet, "on_output": parser.feed if parser else None,
                               "on_exit": parser.close if parser else None, "prometheus": prometheus}
-        task = slurm_task()
         if task is not None:
             code, info = run_task_command(command, out, task, **kw)
         else:
