@@ -58,12 +58,14 @@ class RankAttachment:
         warmup_steps: leading steps marked ``warmup``.
         rate_hz, backends: the sampler's settings (see :class:`powertrain.Monitor`).
         name: a label for ``run.json``.
+        prometheus: ``[HOST:]PORT`` for each node's sampler to serve live readings on (see
+            :mod:`powertrain.live.prometheus`; HOST defaults to 127.0.0.1).
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
                  rate_hz: float = DEFAULT_RATE_HZ, backends: str | list[str] = "auto",
                  name: str | None = None, prefix: str = "train",
-                 sync: Callable[[], None] | None = None) -> None:
+                 sync: Callable[[], None] | None = None, prometheus: str | None = None) -> None:
         self.out = Path(out) if out is not None else None
         self.warmup_steps = warmup_steps
         self.rate_hz = rate_hz
@@ -71,6 +73,7 @@ class RankAttachment:
         self.name = name
         self.prefix = prefix
         self.sync = sync
+        self.prometheus = prometheus
         self.run_dir: Path | None = None
         self.monitor: Monitor | None = None
         self.owner = False
@@ -101,12 +104,13 @@ class RankAttachment:
             self.run_dir = out
             if rank == 0:
                 self.monitor = Monitor(out, rate_hz=self.rate_hz, backends=self.backends,
-                                       name=self.name, command=sys.argv).start()
+                                       name=self.name, command=sys.argv, prometheus=self.prometheus).start()
                 self.owner = True
             if self._barrier is not None:
                 self._barrier()  # run.json exists before anyone else writes into the run
             if rank != 0 and local_rank == 0:
-                self.monitor = Monitor(out, rate_hz=self.rate_hz, backends=self.backends).attach()
+                self.monitor = Monitor(out, rate_hz=self.rate_hz, backends=self.backends,
+                                       prometheus=self.prometheus).attach()
         self.recorder = hooks.configure(self.run_dir, rank, sync=self.sync)
         atexit.register(self._at_exit)
         return self.run_dir

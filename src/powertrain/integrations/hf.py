@@ -53,14 +53,16 @@ class PowertrainCallback(TrainerCallback):
         out: run directory (``None``: ``runs/hf-<time>``; under ``powertrain monitor``: the monitor's).
         seq_len: tokens per sample, to fill ``tokens``.
         warmup_steps: leading steps marked ``warmup`` (left out of the metrics).
-        rate_hz, backends: sampler settings when the callback starts the sampler.
+        rate_hz, backends, prometheus: sampler settings when the callback starts the sampler
+            (``prometheus="[HOST:]PORT"`` serves live readings, see ``docs/user-guide.md``).
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, seq_len: int | None = None,
                  warmup_steps: int = 1, rate_hz: float = DEFAULT_RATE_HZ, backends: str | list[str] = "auto",
-                 name: str | None = None) -> None:
+                 name: str | None = None, prometheus: str | None = None) -> None:
         self.attachment = RankAttachment(out, warmup_steps=warmup_steps, rate_hz=rate_hz, backends=backends,
-                                         name=name, prefix="hf", sync=device_sync())
+                                         name=name, prefix="hf", sync=device_sync(),
+                                         prometheus=prometheus)
         self.seq_len = seq_len
         self._t0: int | None = None
         self._pending: dict[str, Any] | None = None
