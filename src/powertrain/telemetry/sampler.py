@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powertrain.schema import TELEMETRY_SCHEMA
+import pyarrow as pa
+
+from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
 from powertrain.store.tables import StreamingTableWriter
 from powertrain.telemetry.backend import Backend, BackendUnavailable
@@ -122,6 +124,7 @@ class Sampler:
 
     def run(self) -> None:
         """The sampling loop; returns after :meth:`stop` or when the parent process is gone."""
+        _warm_up_writer()
         write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=False))
         log.info("sampling %d device(s) at %g Hz: %s", sum(len(b.devices()) for b in self.backends),
                  self.rate_hz, ", ".join(d.device for b in self.backends for d in b.devices()))
@@ -158,6 +161,17 @@ class Sampler:
                 self.exporter.close()
             write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=True))
             log.info("stopped (%s) after %d samples", self.stop_reason, self.samples)
+
+
+def _warm_up_writer() -> None:
+    """Pay pyarrow's lazy imports (it pulls in pandas when installed: ~1 s) before the first tick,
+    not at the first flush, where they would stall sampling."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([empty_telemetry_row(0, "warm-up", "cpu")], schema=TELEMETRY_SCHEMA)
+    pq.write_table(table, io.BytesIO(), compression="zstd")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
