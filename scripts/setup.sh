@@ -35,7 +35,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,train]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,train,hf,lightning]" 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c 'import torch, powertrain; print(f"setup: torch {torch.__version__}, powertrain {powertrain.__version__}")'
   echo "$digest" > "$stamp"
 fi
