@@ -29,13 +29,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 
+pip_install() {  # quiet on success; on failure show pip's output (minus the local-index noise) and stop
+  local log; log=$(mktemp)
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+    grep -v '^WARNING: Location' "$log" >&2 || true
+    echo "setup: pip install $* failed" >&2
+    rm -f "$log"; exit 1
+  fi
+  rm -f "$log"
+}
+
 stamp=.venv/.powertrain-setup
 digest=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,train,hf,lightning]" 2>&1 | grep -v '^WARNING: Location' || true
+  pip_install torch==2.13.0 numpy
+  pip_install -e ".[dev,train,hf,lightning]"
   .venv/bin/python -c 'import torch, powertrain; print(f"setup: torch {torch.__version__}, powertrain {powertrain.__version__}")'
   echo "$digest" > "$stamp"
 fi
