@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,25 +25,6 @@ for i in range(3):
             pass
 print("task", os.environ["SLURM_PROCID"], "rank", os.environ["RANK"], "done")
 """
-
-
-@pytest.fixture(scope="module")
-def slurm_conf():
-    """The local single-node Slurm (scripts/slurm-local.sh); reuse a running one, stop only ours."""
-    if shutil.which("slurmctld") is None or shutil.which("srun") is None:
-        pytest.skip("slurm-wlm is not installed (scripts/setup.sh --system installs it as root)")
-    if os.geteuid() != 0:
-        pytest.skip("the local Slurm needs root")
-    folder = Path(os.environ.get("POWERTRAIN_SLURM_DIR", "/tmp/powertrain-slurm"))
-    script = REPO / "scripts" / "slurm-local.sh"
-    status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
-    was_running = "slurmctld: running" in status.stdout
-    res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
-    if res.returncode != 0:
-        pytest.fail(f"local Slurm did not start: {res.stderr}")
-    yield str(folder / "slurm.conf")
-    if not was_running:
-        subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -137,31 +136,11 @@ def test_failures_are_told_apart_from_out_of_memory(tmp_path):
     assert classify_failure(crash.path) == "failed"
 
 
-@pytest.fixture(scope="session")
-def slurm():
-    """A real single-node Slurm on localhost (scripts/slurm-local.sh), started for this session."""
-    if shutil.which("slurmctld") is None:
-        pytest.skip("Slurm is not installed (scripts/setup.sh --system installs it as root)")
-    if os.geteuid() != 0:
-        pytest.skip("the local Slurm needs root")
-    # One folder (one set of ports) per machine: reuse a running local Slurm, stop only what we start.
-    folder = Path(os.environ.get("POWERTRAIN_SLURM_DIR", "/tmp/powertrain-slurm"))
-    script = REPO / "scripts" / "slurm-local.sh"
-    status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
-    was_running = "slurmctld: running" in status.stdout
-    res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
-    if res.returncode != 0:
-        pytest.fail(f"local Slurm did not start: {res.stderr}")
-    yield str(folder / "slurm.conf")
-    if not was_running:
-        subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_example_cpu_sweep_through_local_slurm(slurm, tmp_path):
+def test_example_cpu_sweep_through_local_slurm(slurm_conf, tmp_path):
     out = tmp_path / "cpu-sweep"
-    env = {**os.environ, "SLURM_CONF": slurm}
+    env = {**os.environ, "SLURM_CONF": slurm_conf}
     res = _sweep(str(REPO / "examples" / "cpu-sweep.yaml"), "--out", str(out), "--backend", "slurm", env=env)
     _, err = res.communicate(timeout=1200)
     assert res.returncode == 0, err
