@@ -70,8 +70,9 @@ class Layout(BaseModel):
         ``ep`` is the rank's index inside its expert group: ``ep`` consecutive data-parallel ranks
         (dp×cp flattened) form one group, as in Megatron.
         """
-        dp = self.world and self.dp  # raises when dp is unresolved
-        assert dp is not None
+        dp = self.dp
+        if dp is None:
+            raise ValueError("dp is not resolved yet: call resolve(world) first")
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} outside world {self.world}")
         tp_i, rest = rank % self.tp, rank // self.tp

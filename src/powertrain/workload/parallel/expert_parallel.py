@@ -41,16 +41,18 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
     per = moe.experts // ep
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=group)  # type: ignore[arg-type]
-    rc = recv_counts.view(ep, per)  # rc[src, e]: slots from rank src for my local expert e
+    rc = recv_counts.view(ep, per).tolist()  # rc[src][e]: slots from rank src for my local expert e
     send_splits = counts.view(ep, per).sum(1).tolist()
-    recv_splits = rc.sum(1).tolist()
+    recv_splits = [sum(row) for row in rc]
     recv = _all_to_all(routed, recv_splits, send_splits, group)
     # Received slots are ordered (src, expert); regroup them (expert, src) for the expert loop.
-    starts = torch.cumsum(rc.flatten(), 0) - rc.flatten()
-    perm = torch.cat([torch.arange(int(starts[s * per + e]), int(starts[s * per + e] + rc[s, e]))
-                      for e in range(per) for s in range(ep)] or [torch.zeros(0, dtype=torch.long)])
-    perm = perm.to(routed.device)
-    out = moe.expert_ffn(recv[perm], rc.sum(0).tolist())
+    starts, offset = [], 0
+    for row in rc:
+        starts.append([offset + sum(row[:e]) for e in range(per)])
+        offset += sum(row)
+    perm = torch.cat([torch.arange(starts[s][e], starts[s][e] + rc[s][e]) for e in range(per) for s in range(ep)]
+                     or [torch.zeros(0, dtype=torch.long)]).to(routed.device)
+    out = moe.expert_ffn(recv[perm], [sum(rc[s][e] for s in range(ep)) for e in range(per)])
     back = torch.empty_like(out).index_copy(0, perm, out)
     return _all_to_all(back, send_splits, recv_splits, group)
 
