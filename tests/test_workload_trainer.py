@@ -110,3 +110,17 @@ def test_trainer_marks_steps_and_phases(tmp_path):
     assert json.loads(steps[0]["attrs"])["global_tokens"] == 64
     kinds = [(e["kind"], e["microbatch"]) for e in ev if e["step"] == 1]
     assert ("forward", 0) in kinds and ("backward", 1) in kinds and ("optimizer", None) in kinds
+
+
+def test_protocol_windows_and_minimum_measured_time(tmp_path):
+    from powertrain.workload.run_loop import run_protocol
+
+    cfg = RunConfig(model=LLAMA, knobs={"global_batch": 2},
+                    protocol={"warmup_steps": 2, "measured_steps": 1, "min_measured_s": 0.3})
+    rec = hooks.Recorder(tmp_path)
+    results = run_protocol(Trainer(cfg, recorder=rec), None)
+    rec.close()
+    windows = [r.window for r in results]
+    assert windows[:2] == ["warmup", "warmup"] and set(windows[2:]) == {"measured"}
+    steps = [e for e in read_events(tmp_path).to_pylist() if e["kind"] == "step" and e["window"] == "measured"]
+    assert (steps[-1]["t_end_ns"] - steps[0]["t_start_ns"]) / 1e9 >= 0.3  # the window lasts long enough
