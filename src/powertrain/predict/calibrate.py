@@ -13,6 +13,7 @@ so every coefficient stays positive. Fewer coefficients than runs, always.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +28,20 @@ from powertrain.predict.profile import COEFFICIENT_NAMES, Profile, load_profile
 
 STEP_PARAMS_1 = ("gemm_eff", "layer_overhead_s")
 STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
+# ranks on one host CPU talk through gloo over shared memory: latency, not bandwidth, bounds them
+STEP_PARAMS_CPU = ("gemm_eff", "layer_overhead_s", "comm_latency_scale")
 POWER_PARAMS = ("power_compute", "power_wait")
+# Plausible ranges the fit may not leave (GEMM efficiency is relative to the catalog or probe peak,
+# which on a busy CPU can read low, hence > 1 allowed).
+BOUNDS = {"gemm_eff_fp32": (0.01, 4.0), "gemm_eff_16": (0.01, 4.0), "gemm_eff_fp8": (0.01, 4.0),
+          "gemm_eff_fp4": (0.01, 4.0), "layer_overhead_s": (1e-7, 1.0), "comm_latency_scale": (0.01, 1e5),
+          "comm_eff_intra": (0.01, 1.5), "comm_eff_inter": (0.01, 1.5), "power_compute": (0.05, 1.2),
+          "power_wait": (0.0, 1.0)}
+
+
+def _clamp(name: str, value: float) -> float:
+    lo, hi = BOUNDS.get(name, (0.0, math.inf))
+    return min(hi, max(lo, value))
 
 
 @dataclass
@@ -149,13 +163,16 @@ def mape(errs: Sequence[float]) -> float:
 
 def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | None = None,
                 params: Sequence[str] | None = None) -> Profile:
-    """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and the
-    intra-node link efficiency when any run is distributed) to ``runs``; returns the new profile with
+    """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and, when
+    any run is distributed, the intra-node link efficiency — or, for ranks sharing a host CPU, the
+    collective latency scale) to ``runs``; returns the new profile with
     its fit error (``error.step_time_mape`` before and after, per run)."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
     prof = base if isinstance(base, Profile) else load_profile(base)
-    chosen = list(params or (STEP_PARAMS_MULTI if any(r.case.world > 1 for r in runs) else STEP_PARAMS_1))
+    multi = any(r.case.world > 1 for r in runs)
+    cpu = all(r.case.device.measured for r in runs)
+    chosen = list(params or (STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI))
     chosen = [_gemm_key(runs[0].case) if p == "gemm_eff" else p for p in chosen]
     unknown = [p for p in chosen if p not in COEFFICIENT_NAMES]
     if unknown:
@@ -165,14 +182,21 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
     x0 = np.log([getattr(prof.coefficients, p) for p in chosen])
     before = errors(runs, prof)
 
+    def make(x: np.ndarray) -> Profile:
+        return prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(chosen, x, strict=True)})
+
     def objective(x: np.ndarray) -> float:
-        p = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, x, strict=True)})
+        p = make(x)
         errs = errors(runs, p)
         # mean |log ratio|: close to MAPE, and robust to one noisy measurement
         return float(np.mean([abs(math.log1p(e)) for e in errs]))
 
-    best = _nelder_mead(objective, x0)
-    fitted = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(chosen, best, strict=True)})
+    # Nelder–Mead is local; coefficients can sit orders of magnitude from the defaults (a CPU's
+    # collective latency, say), so start from a coarse grid of scales and keep the best.
+    starts = [x0 + np.array(offs) for offs in itertools.product((0.0, 3.0, -2.0), repeat=len(chosen))]
+    results = [_nelder_mead(objective, x, iters=150, step=1.0) for x in starts]
+    best = _nelder_mead(objective, min(results, key=objective), iters=300, step=0.2)
+    fitted = make(best)
     after = errors(runs, fitted)
     if any(r.power_mean_w for r in runs):
         fitted = _fit_power(runs, fitted)
@@ -189,7 +213,7 @@ def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:
     x0 = np.log([getattr(prof.coefficients, p) for p in POWER_PARAMS])
 
     def objective(x: np.ndarray) -> float:
-        p = prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(POWER_PARAMS, x, strict=True)})
+        p = prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, x, strict=True)})
         out = []
         for r in with_power:
             pw = predict(r.case, p).metrics["power_mean_w"]
@@ -197,4 +221,4 @@ def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:
         return float(np.mean(out))
 
     best = _nelder_mead(objective, x0, iters=200)
-    return prof.with_coefficients(**{k: float(math.exp(v)) for k, v in zip(POWER_PARAMS, best, strict=True)})
+    return prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, best, strict=True)})

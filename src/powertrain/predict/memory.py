@@ -86,7 +86,8 @@ def activation_bytes_per_layer(case: Case, recompute: str | None = None) -> floa
     """Stored activation bytes of one layer for one micro-batch (Korthikanti et al. 2022, extended)."""
     rc = recompute or case.recompute
     b, s, h, t = case.micro_batch, case.seq_len / case.cp, case.hidden, case.tp
-    sbh = s * b * h
+    # the formulas count 16-bit values; fp32 training stores twice the bytes
+    sbh = s * b * h * (2 if case.precision in ("fp32", "tf32") else 1)
     rep = 10 * sbh / (t if case.sequence_parallel else 1)
     if rc == "full":
         return 2 * sbh / (t if case.sequence_parallel else 1)
@@ -165,7 +166,7 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
         acts = act_layer * n * inflight_here
         if case.recompute == "full":
             acts += activation_bytes_per_layer(case, "none")  # the layer being recomputed
-        logits = 6 * case.micro_batch * case.seq_len / case.cp * case.vocab / case.tp if stage == case.pp - 1 else 0.0
+        logits = (8 if case.precision in ("fp32", "tf32") else 6) * case.micro_batch * case.seq_len / case.cp * case.vocab / case.tp if stage == case.pp - 1 else 0.0
         subtotal = weights + grads + optim + gathered + acts + logits
         overhead = c.mem_overhead_bytes + subtotal * (c.mem_fragmentation - 1)
         bd = {"weights": weights, "gradients": grads, "optimizer": optim, "fsdp_gathered": gathered,

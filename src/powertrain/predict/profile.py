@@ -54,6 +54,8 @@ class Coefficients:
     # Achieved fraction of link bandwidth for NCCL-style collectives.
     comm_eff_intra: float = 0.75
     comm_eff_inter: float = 0.80
+    # Achieved collective latency ÷ the catalog's link latency (CPU/gloo collectives are latency-bound).
+    comm_latency_scale: float = 1.0
     # Share of a compute window that overlapped communication can hide behind.
     overlap_eff: float = 0.85
     # Exposed share of TP communication when TP-comm overlap is on.

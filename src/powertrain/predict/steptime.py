@@ -71,8 +71,8 @@ def _link(case: Case, c: Coefficients, stride: int, size: int) -> tuple[float, f
     """(bandwidth, latency) of a group of ``size`` ranks spaced ``stride`` apart."""
     node = case.device.node
     if size > 1 and stride * size > case._domain:  # the group leaves one NVLink domain
-        return node.inter_node_bw_per_device * c.comm_eff_inter, node.inter_node_latency
-    return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency
+        return node.inter_node_bw_per_device * c.comm_eff_inter, node.inter_node_latency * c.comm_latency_scale
+    return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency * c.comm_latency_scale
 
 
 def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | None = None) -> StepTime:
@@ -94,6 +94,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     knee = c.gemm_knee
 
     bw_mem = dev.memory_bw * c.mem_eff
+    ab = 4.0 if prec in ("fp32", "tf32") else 2.0  # bytes per activation value
     eb_bw = _ELEM_BYTES.get(prec, 2.0) / bw_mem
 
     def gemm(m_: float, k_: float, n_: float) -> float:
@@ -134,13 +135,13 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     if case.is_moe:
         # dispatch/combine: permute, un-permute, gate scaling, casts, per routed copy of a token
         elem += c.moe_dispatch_passes * case.top_k * h * imb / (tp if sp else 1)
-    t_mem_f = 2 * n_tok * elem / bw_mem
+    t_mem_f = ab * n_tok * elem / bw_mem
 
     # --- communication inside a layer ---------------------------------------------------------------
     t_tp_f = 0.0
     if tp > 1:
         bw, lat = _link(case, c, 1, tp)
-        t_tp_f = 2 * _ring(2 * n_tok * h, tp, bw, lat)
+        t_tp_f = 2 * _ring(ab * n_tok * h, tp, bw, lat)
         if case.overlap_tp:
             t_tp_f *= c.tp_overlap_exposed
     t_a2a_f = 0.0
@@ -148,17 +149,18 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
         stride = tp * cp
         node = dev.node
         near = case.peers_in_domain(stride, ep)
-        vol = 2 * n_tok / (tp if tp > 1 else 1) * case.top_k * h * imb  # bytes of one all-to-all
+        vol = ab * n_tok / (tp if tp > 1 else 1) * case.top_k * h * imb  # bytes of one all-to-all
         f_near = (near - 1) / (ep - 1)
         t_one = vol * (ep - 1) / ep * (
             f_near / (node.intra_node_bw * c.comm_eff_intra)
             + (1 - f_near) / (node.inter_node_bw_per_device * c.comm_eff_inter))
-        t_one += (node.intra_node_latency if near == ep else node.inter_node_latency) * math.log2(ep)
+        t_one += ((node.intra_node_latency if near == ep else node.inter_node_latency) * c.comm_latency_scale
+                  * math.log2(ep))
         t_a2a_f = 2 * t_one
     t_cp_f = 0.0
     if cp > 1:
         bw, lat = _link(case, c, tp, cp)
-        kv_bytes = 2 * n_tok * 2 * case.kv_heads * (h // case.heads) / tp
+        kv_bytes = ab * n_tok * 2 * case.kv_heads * (h // case.heads) / tp
         t_cp_f = max(0.0, (cp - 1) * (kv_bytes / bw + lat) - c.overlap_eff * t_attn)
     t_ovh = c.layer_overhead_s + (c.moe_layer_overhead_s if case.is_moe else 0.0)
     layer_f = t_comp_f + t_mem_f + t_tp_f + t_a2a_f + t_cp_f + t_ovh
@@ -178,7 +180,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     t_head_mem = n_tok * case.vocab / tp * 14 / bw_mem  # 16-bit logits, fp32 softmax and its grad
     head_f = t_head_comp + t_head_mem
     head_b = 2 * t_head_comp + t_head_mem
-    emb = 4 * n_tok * h / bw_mem
+    emb = 2 * ab * n_tok * h / bw_mem
 
     # --- pipeline -----------------------------------------------------------------------------------
     layers = rank_layers(case)
@@ -186,7 +188,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     p2p = 0.0
     if pp > 1:
         bw, lat = _link(case, c, tp * cp * case.dp, pp)
-        p2p = 2 * n_tok * h / (tp if sp else 1) / bw + lat
+        p2p = ab * n_tok * h / (tp if sp else 1) / bw + lat
     # Per pipeline rank: its layers, plus the embedding on the first and the logit layer on the last.
     # Only the first, the last and the fullest middle rank can be the slowest one.
     per_layer = layer_f + layer_b
