@@ -69,9 +69,9 @@ def main() -> int:
         print(f"running {name} …", flush=True)
         subprocess.run([sys.executable, "-m", "powertrain.cli", "run", str(spec), "--out", str(run), "-q"], check=False)
 
-    from powertrain.predict import collect_runs, fit_profile, predict
-
     import json
+
+    from powertrain.predict import collect_runs, fit_profile, predict
 
     def finished(n: str) -> bool:
         f = args.dir / n / "run.json"
