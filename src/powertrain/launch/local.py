@@ -149,6 +149,18 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     host = default_host()
     mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd)
     mon.start()
+    try:
+        status, reason, code = _supervise(cfg, mon, cmd, spec_path, host, dev, echo, timeout_s, env)
+    except BaseException as exc:
+        mon.stop("failed", f"launcher error: {type(exc).__name__}: {exc}")
+        raise
+    info = mon.stop(status, reason, exit_code=code)
+    return RunResult(mon.run.path, info["status"], info["reason"], code, info)
+
+
+def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, host: str, dev: str, echo: bool,
+               timeout_s: float | None, env: Mapping[str, str] | None) -> tuple[str, str | None, int]:
+    """Start torchrun, wait for it (stopping it on a crash, timeout or signal); (status, reason, exit code)."""
     run = mon.run
     spec_path.write_text(cfg.model_dump_json(indent=2))
     lay = cfg.layout.resolve(cfg.world)
@@ -226,8 +238,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
             reason = f"interrupted ({signal.Signals(interrupted[0]).name})"
         else:
             reason = f"torchrun exited with code {code}: {tail.splitlines()[-1] if tail else 'no output'}"
-    info = mon.stop(status, reason, exit_code=code)
-    return RunResult(run.path, info["status"], info["reason"], code, info)
+    return status, reason, code
 
 
 def _killpg(pid: int, sig: int) -> None:
