@@ -193,8 +193,8 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
 
     # Nelder–Mead is local; coefficients can sit orders of magnitude from the defaults (a CPU's
     # collective latency, say), so start from a coarse grid of scales and keep the best.
-    starts = [x0 + np.array(offs) for offs in itertools.product((0.0, 3.0, -2.0), repeat=len(chosen))]
-    results = [_nelder_mead(objective, x, iters=150, step=1.0) for x in starts]
+    starts = [x0 + np.array(offs) for offs in itertools.product((0.0, 3.0), repeat=len(chosen))]
+    results = [_nelder_mead(objective, x, iters=120, step=1.0) for x in starts]
     best = _nelder_mead(objective, min(results, key=objective), iters=300, step=0.2)
     fitted = make(best)
     after = errors(runs, fitted)
