@@ -71,6 +71,10 @@ class Trainer:
         model = build_model(cfg.model, moe_aux_coeff=cfg.knobs.moe_aux_coeff).to(self.device)
         self.par: Parallelized = parallelize(model, cfg, self.meshes, skip_grad_sync=skip_grad_sync)
         self.optimizer = torch.optim.AdamW(parameters(self.par), lr=cfg.knobs.lr)
+        for _, mod in self.par.stages:  # expert all-to-alls mark themselves as comm events
+            for m in mod.modules():
+                if getattr(m, "ep_group", None) is not None and self.rec.enabled:
+                    m.recorder = self.rec
 
         self.batches = Batches(cfg.data, cfg.model, cfg.knobs.global_batch, cfg.knobs.seed)
         self.local_batch = cfg.knobs.global_batch // lay.dp

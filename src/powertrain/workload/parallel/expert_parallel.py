@@ -6,7 +6,9 @@ the slots with ``all_to_all_single`` using uneven splits. The receiver regroups 
 runs its experts, and a second all-to-all returns the results in the original order. Both token
 all-to-alls are differentiable (``all_to_all_single_autograd`` of PyTorch's functional collectives,
 which replaces the deprecated ``torch.distributed.nn.functional.all_to_all_single``), so backward
-sends gradients the opposite way.
+sends gradients the opposite way. When the trainer sets ``moe.recorder``, each forward all-to-all
+is marked as a ``comm`` event (``moe_dispatch`` / ``moe_combine``, with bytes sent and received);
+gloo collectives are synchronous, so on CPU the interval is the transfer itself.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
     rc = recv_counts.view(ep, per).tolist()  # rc[src][e]: slots from rank src for my local expert e
     send_splits = counts.view(ep, per).sum(1).tolist()
     recv_splits = [sum(row) for row in rc]
+    rec = getattr(moe, "recorder", None)  # a hooks.Recorder when the trainer marks communication
+    width = routed.size(1) * routed.element_size()
+    if rec is not None:
+        rec.begin("comm", "moe_dispatch", send_bytes=sum(send_splits) * width, recv_bytes=sum(recv_splits) * width)
     recv = _all_to_all(routed, recv_splits, send_splits, group)
+    if rec is not None:
+        rec.end()
     # Received slots are ordered (src, expert); regroup them (expert, src) for the expert loop.
     starts, offset = [], 0
     for row in rc:
@@ -54,7 +62,12 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
                      or [torch.zeros(0, dtype=torch.long)]).to(routed.device)
     out = moe.expert_ffn(recv[perm], [sum(rc[s][e] for s in range(ep)) for e in range(per)])
     back = torch.empty_like(out).index_copy(0, perm, out)
-    return _all_to_all(back, send_splits, recv_splits, group)
+    if rec is not None:
+        rec.begin("comm", "moe_combine", send_bytes=sum(recv_splits) * width, recv_bytes=sum(send_splits) * width)
+    combined = _all_to_all(back, send_splits, recv_splits, group)
+    if rec is not None:
+        rec.end()
+    return combined
 
 
 def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: object) -> torch.Tensor:
