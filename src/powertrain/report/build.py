@@ -368,7 +368,8 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
                             v = v / n_steps if n_steps else np.nan
                         vals[i, slots.index(k)] = v
             if np.isfinite(vals).any():
-                labels = [f"{r.get('model')} {r['label']}" for r, _ in done]
+                labels = [f"{r.get('model')} {r['label']}" + ("" if r["status"] == "ok" else f" [{r['status'].upper()}]")
+                          + (" (pred)" if r.get("kind") == "prediction" else "") for r, _ in done]
                 rep.figure(f"slots_{key}", lambda vals=vals, labels=labels, title=title, unit=unit: F.slot_heatmap(
                     labels, slots, vals, f"{title} per configuration × device slot (nodes separated)", unit),
                     f"{title} of each device slot in each configuration; white lines separate nodes; the "

@@ -234,7 +234,8 @@ def throughput_energy(rows: Sequence[dict[str, Any]]) -> Figure:
                     textcoords="offset points")
     front = pareto_front(pts)
     if front:
-        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1, label="Pareto front")
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--o", lw=1, ms=11, mfc="none",
+                 label="Pareto front")
     handles = [Patch(color=colours[m], label=m) for m in models]
     ax.legend(handles=[*handles, *ax.get_legend_handles_labels()[0]], fontsize=7)
     ax.set_xlabel("throughput (tokens/s, whole job)")
