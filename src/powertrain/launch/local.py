@@ -170,7 +170,8 @@ def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, ho
 
     child_env = {**os.environ, **(env or {}), hooks.RUN_DIR_ENV: str(run.path.resolve()), "PYTHONUNBUFFERED": "1"}
     t_launch = time.time_ns()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env, process_group=0)
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env, process_group=0,
+                             preexec_fn=_term_with_parent)
     assert child.stdout is not None
     pump = threading.Thread(target=_pump, args=(child.stdout, run.logs_dir / "torchrun.log", echo), daemon=True)
     pump.start()
@@ -239,6 +240,14 @@ def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, ho
         else:
             reason = f"torchrun exited with code {code}: {tail.splitlines()[-1] if tail else 'no output'}"
     return status, reason, code
+
+
+def _term_with_parent() -> None:
+    """In torchrun's process: get SIGTERM if this launcher dies, even by SIGKILL (Linux prctl)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _killpg(pid: int, sig: int) -> None:
