@@ -131,6 +131,20 @@ def test_flops_and_mfu_use_catalog_peak(gpu_run):
         assert s["why_null"]["mfu"]
 
 
+def test_per_stage_and_expert_views(tmp_path):
+    # pp=2 over 4 ranks: ranks 0,1 are stage 0 (cooler slots), ranks 2,3 stage 1; ep=2 splits dp
+    path = synthetic.write_run(tmp_path / "pp", hosts=1, devices_per_host=4, layout={"pp": 2, "ep": 2}, steps=2,
+                               temp_step_c=4.0, power_step_w=10.0)
+    s = summarize_run(path, probe_cpu_peak=False)
+    stages = {v["pp"]: v for v in s["per_stage"]}
+    assert set(stages) == {0, 1} and stages[0]["devices"] == 2
+    assert stages[0]["temp_mean_c"] == pytest.approx(52.0) and stages[1]["temp_mean_c"] == pytest.approx(60.0)
+    assert stages[1]["power_mean_w"] - stages[0]["power_mean_w"] == pytest.approx(20.0, abs=0.5)
+    assert {v["ep"] for v in s["per_expert_rank"]} == {0, 1}
+    # 2 data-parallel replicas of 1024 tokens per step
+    assert s["metrics"]["tokens_per_s"] == pytest.approx(2048)
+
+
 def test_stragglers_correlate_with_throttling(tmp_path):
     # rank r is slower by 0.05·r s and its device throttles more: correlation is +1 by construction
     path = synthetic.write_run(tmp_path / "s", hosts=1, devices_per_host=4, straggle_s=0.05,

@@ -181,9 +181,11 @@ def write_run(
                             "properties": dict(device_properties or {})})
     for r in range(world):
         h, local = divmod(r, devices_per_host)
+        # Megatron's order: tensor parallel innermost, then data parallel, pipeline outermost
+        dp = world // (tp * pp)
         tp_c = r % tp
-        pp_c = (r // tp) % pp
-        dp_c = r // (tp * pp)
+        dp_c = (r // tp) % dp
+        pp_c = r // (tp * dp)
         rank_map.append({"rank": r, "host": f"node{h}", "local_rank": local,
                          "device": f"{'gpu' if kind == 'gpu' else 'cpu'}{local}",
                          "coords": {"dp": dp_c, "tp": tp_c, "pp": pp_c, "cp": 0, "ep": dp_c % ep}})
