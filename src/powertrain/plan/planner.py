@@ -104,19 +104,24 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_SHORT = {"microbatch": "mb", "globalbatch": "gb", "recompute": "rc", "sequenceparallel": "sp",
+          "distributedoptimizer": "distopt", "ppschedule": "", "virtualstages": "v", "ppsplit": "split"}
+
+
 def run_id(settings: dict[str, Any]) -> str:
     """A readable, stable id from the grid values, e.g. ``gpt3-175b.tp2.pp16.base``."""
     parts = []
     for key, value in _flatten(settings).items():
         if isinstance(value, bool):
             if value:
-                parts.append(key.split(".")[-1].replace("_", ""))
+                name = key.split(".")[-1].replace("_", "")
+                parts.append(_SHORT.get(name, name))
             continue
         if key in ("model", "variant"):
             parts.append(_slug(value))
         else:
             short = key.split(".")[-1].replace("_", "")
-            short = {"microbatch": "mb", "globalbatch": "gb", "recompute": "rc"}.get(short, short)
+            short = _SHORT.get(short, short)
             parts.append(f"{short}{_slug(value)}")
     return ".".join(parts) or "run"
 
