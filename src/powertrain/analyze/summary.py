@@ -98,7 +98,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
 
     status = run.effective_status()
     status = classify_status(status, info.get("reason"), log_tail(run) if status == "failed" else "")
-    config = info.get("config")
+    config = info.get("config") or info.get("spec")  # the trainer records its RunConfig as "spec"
     rank_map = info.get("rank_map") or []
     metrics: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
     why: dict[str, str] = {}
@@ -461,8 +461,8 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
         "per_node": per_node,
         "per_step": per_step,
         "per_rank": _per_rank(sd, coords),
-        "per_stage": _group_view(per_device, "pp"),
-        "per_expert_rank": _group_view(per_device, "ep"),
+        "per_stage": _with_rank_times(_group_view(per_device, "pp"), _per_rank(sd, coords), "pp"),
+        "per_expert_rank": _with_rank_times(_group_view(per_device, "ep"), _per_rank(sd, coords), "ep"),
         "phases": sd.phases if sd is not None else [],
         "profiles": profs,
         "data_quality": _data_quality(info, dev_stats, window_s),
@@ -565,6 +565,24 @@ def _group_view(per_device: list[dict[str, Any]], axis: str) -> list[dict[str, A
                 if vals else None
         out.append(row)
     return out
+
+
+def _with_rank_times(view: list[dict[str, Any]], per_rank: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:
+    """Add each group's ranks and their mean step time (from the events), also where ranks share one
+    device (a CPU host) and the device view alone cannot tell the groups apart."""
+    rows = {v[axis]: v for v in view}
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in per_rank:
+        c = (r.get("coords") or {}).get(axis)
+        if c is not None:
+            groups.setdefault(c, []).append(r)
+    if len(groups) < 2 and not rows:
+        return []
+    for g, rs in groups.items():
+        row = rows.setdefault(g, {axis: g, "devices": None})
+        row["ranks"] = [r["rank"] for r in rs]
+        row["rank_step_time_mean_s"] = float(np.mean([r["step_time_mean_s"] for r in rs]))
+    return [rows[k] for k in sorted(rows)]
 
 
 def _data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
