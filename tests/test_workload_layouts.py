@@ -41,7 +41,7 @@ CASES = {
         case("ddp_broken_sync", 2, {}, skip=True),
         case("ddp_full_recompute_mbs2", 2, {}, micro=2, recompute="full"),
         case("fsdp", 2, {"fsdp": True}, micro=2),
-        case("tp", 2, {"tp": 2}, micro=8),
+        case("tp_full_recompute", 2, {"tp": 2}, micro=8, recompute="full"),
         case("tp_sp_gpt", 2, {"tp": 2, "sequence_parallel": True}, GPT, micro=8),
         case("pp_gpipe", 2, {"pp": 2, "pp_schedule": "gpipe"}, micro=2),
         case("pp_1f1b_uneven", 2, {"pp": 2, "pp_split": [1, 3]}, micro=2),
@@ -52,11 +52,12 @@ CASES = {
         case("moe_tp_sp", 2, {"tp": 2, "sequence_parallel": True}, MIXTRAL, micro=8),
     ],
     4: [
-        case("fsdp_x_tp", 4, {"tp": 2, "fsdp": True}, micro=4),
+        case("fsdp_x_tp_selective", 4, {"tp": 2, "fsdp": True}, micro=4, recompute="selective"),
         case("tp_x_pp", 4, {"tp": 2, "pp": 2}, GPT, micro=4),
         case("dp_x_ep", 4, {"ep": 2}, MIXTRAL, micro=2),
         case("dp_x_pp", 4, {"pp": 2}, micro=2),
         case("dp_x_pp_broken_sync", 4, {"pp": 2}, micro=2, skip=True),
+        case("fsdp_x_pp", 4, {"pp": 2, "fsdp": True}, micro=2),
         case("dp_x_ep_x_tp", 4, {"tp": 2, "ep": 2, "sequence_parallel": True}, MIXTRAL, micro=4),
     ],
 }
