@@ -51,3 +51,23 @@ def test_summarize_cli_run_and_sweep(sweep):
     r = CliRunner().invoke(app, ["summarize", str(sweep / "tp1pp1")])
     assert r.exit_code == 0, r.output
     assert "step_time_mean_s" in r.output and "pcie_bytes_per_step" in r.output and "summary.json" in r.output
+
+
+def test_sweep_runner_statuses(tmp_path):
+    """The sweep runner's vocabulary: planned → not-run, reasons list, duplicates kept apart."""
+    import json
+
+    from powertrain.analyze.sweep import load_sweep
+
+    root = tmp_path / "s"
+    synthetic.write_run(root / "a", hosts=1, devices_per_host=1, steps=2)
+    (root / "sweep.json").write_text(json.dumps({"runs": [
+        {"id": "a", "status": "ok", "reasons": []},
+        {"id": "b", "status": "planned", "reasons": []},
+        {"id": "c", "status": "duplicate", "reasons": [], "duplicate_of": "a"},
+        {"id": "d", "status": "unsupported", "reasons": ["fsdp with pp is not supported by the trainer"]},
+    ]}))
+    rows = {r["id"]: r for r in load_sweep(root)[0]}
+    assert rows["b"]["status"] == "not-run"
+    assert rows["c"]["status"] == "duplicate" and "as a" in rows["c"]["reason"]
+    assert rows["d"]["status"] == "unsupported" and "fsdp" in rows["d"]["reason"]

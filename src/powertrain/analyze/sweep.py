@@ -6,8 +6,9 @@ Runs listed there without a folder (rejected by validation, not run yet) still g
 status from ``sweep.json``. Statuses keep apart what the study's scripts mixed up:
 
 ``ok`` · ``failed`` (crashed for any reason other than memory) · ``oom`` (only when the reason or the
-log tail says out-of-memory) · ``rejected`` (refused before launch) · ``not-run`` · ``running`` ·
-``prediction`` rows are ``ok`` runs whose ``kind`` is ``prediction``.
+log tail says out-of-memory) · ``rejected`` / ``unsupported`` (refused before launch) · ``duplicate``
+(same effective configuration as another run; not launched) · ``not-run`` (planned, not launched
+yet) · ``running``. Predictions are rows whose ``kind`` is ``prediction``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,18 @@ from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.analyze.summary import load_summary
 from powertrain.store.rundir import read_json
 
-SWEEP_STATUSES = ("ok", "failed", "oom", "rejected", "not-run", "running")
+SWEEP_STATUSES = ("ok", "failed", "oom", "rejected", "unsupported", "duplicate", "not-run", "running")
+# the sweep runner's "planned" (not launched yet) is "not-run" here
+
+
+def _entry_reason(e: dict[str, Any]) -> str | None:
+    """``reason`` (or the sweep runner's ``reasons`` list, and ``duplicate_of``) of a sweep.json entry."""
+    if e.get("reason"):
+        return str(e["reason"])
+    parts = [str(r) for r in e.get("reasons") or []]
+    if e.get("duplicate_of"):
+        parts.append(f"same effective configuration as {e['duplicate_of']}")
+    return "; ".join(parts) or None
 
 
 def is_sweep_dir(path: str | Path) -> bool:
@@ -97,10 +109,11 @@ def load_sweep(path: str | Path, *, refresh: bool = False) -> tuple[list[dict[st
             kind = summ.get("kind", "measured")
             metrics = summ.get("metrics") or {}
             config = summ.get("config") or e.get("config")
-            reason = summ.get("reason") or e.get("reason")
+            reason = summ.get("reason") or _entry_reason(e)
         else:
             status = e.get("status") or "not-run"
-            kind, metrics, config, reason = "none", {}, e.get("config"), e.get("reason")
+            status = "not-run" if status == "planned" else status
+            kind, metrics, config, reason = "none", {}, e.get("config"), _entry_reason(e)
             if status in ("ok", "failed", "oom", "running") and not reason:
                 reason = f"sweep.json says {status}, but the run folder {rid}/ is not here"
         row: dict[str, Any] = {"id": rid, "status": status, "kind": kind, "reason": reason,

@@ -340,9 +340,10 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
 
     eff, eff_label = _efficiency(rows)
     rep.h("Temperature, power and SM clock per configuration (study Figs. 4, 8, 13)")
-    models = sorted({str(r.get("model")) for r in rows})
+    fig_rows = [r for r in rows if r["status"] != "duplicate"]  # a duplicate is another run's twin: listed above
+    models = sorted({str(r.get("model")) for r in fig_rows})
     for i, model in enumerate(models):
-        mrows = [r for r in rows if str(r.get("model")) == model]
+        mrows = [r for r in fig_rows if str(r.get("model")) == model]
         rep.figure(f"study_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.study_panels(
             model, mrows, eff, eff_label),
             f"{model}: average and peak temperature and power, mean SM clock per configuration; "

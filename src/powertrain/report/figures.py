@@ -30,6 +30,8 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (colour, short label)
     "failed": ("#d62728", "FAILED"),
     "oom": ("#9467bd", "OOM"),
     "rejected": ("#7f7f7f", "REJECTED"),
+    "unsupported": ("#8c564b", "UNSUPPORTED"),
+    "duplicate": ("#c7c7c7", "DUPLICATE"),
     "not-run": ("#bbbbbb", "NOT RUN"),
     "running": ("#ff7f0e", "RUNNING"),
 }
