@@ -88,7 +88,21 @@ def test_killed_rank_fails_the_run_with_its_error_and_keeps_data(tmp_path):
     assert not list((out / "events").glob("*.parts"))  # compacted after the crash
 
 
-def test_rank_that_raises_is_named_with_its_traceback(tmp_path):
+@pytest.mark.slow
+def test_rank_that_raises_fails_the_run_with_its_traceback(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", layout={}, protocol={"warmup_steps": 1, "measured_steps": 20},
+                      profile={"enabled": False})
+    res = powertrain("run", spec, "--out", str(out), env={"POWERTRAIN_FAULT": "0:2"}, timeout=150)
+    assert res.returncode == 1
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "failed" and info["failed_rank"] == 0
+    assert info["reason"] == "rank 0 failed: RuntimeError: injected fault (POWERTRAIN_FAULT) on rank 0 at step 2"
+    assert "Traceback" in info["error_tail"] and "trainer.py" in info["error_tail"]
+    assert "injected fault" in res.stderr  # the terminal shows the error too
+
+
+def test_failure_attribution_helpers(tmp_path):
     from powertrain.launch.local import first_error, torchrun_failures
 
     logs = tmp_path / "logs"
