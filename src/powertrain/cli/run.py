@@ -58,7 +58,7 @@ def run(
     forward, backward, optimizer, communication intervals with warm-up/measured windows, tokens,
     loss), logs/rank-<r>.log and, when asked, profiles/.
 
-    Example:  powertrain run examples/run-llama-tp2.yaml --out runs/tp2
+    Example:  powertrain run examples/run-gpt-tp2-sp.yaml --out runs/tp2
     """
     try:
         cfg = load_run_config(spec)
