@@ -53,9 +53,7 @@ LAYOUTS = {
 
 def _write_run(root, cfg: RunConfig, step_s: float, rng: np.random.Generator, world: int) -> RunDir:
     rd = RunDir(root / cfg.name).create()
-    # `powertrain run` stores the resolved configuration under "spec"; imported runs under "config"
-    key = "spec" if world > 1 else "config"
-    rd.write({"kind": "run", "status": "ok", "name": cfg.name, key: cfg.model_dump(mode="json")})
+    rd.write({"kind": "run", "status": "ok", "name": cfg.name, "config": cfg.model_dump(mode="json")})
     t = 1_000_000_000
     for rank in range(world):
         rows = []

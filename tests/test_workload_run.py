@@ -38,7 +38,7 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "ok" and info["kind"] == "run" and info["world"] == 2
-    assert info["spec"]["layout"]["pp"] == 2 and info["spec"]["layout"]["dp"] == 1  # resolved
+    assert info["config"]["layout"]["pp"] == 2 and info["config"]["layout"]["dp"] == 1  # resolved
     assert [r["coords"]["pp"] for r in info["rank_map"]] == [0, 1]
     assert all(r["device"] == "cpu" and r["local_rank"] == r["rank"] for r in info["rank_map"])
     ev = read_events(out).to_pylist()

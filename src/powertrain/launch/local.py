@@ -165,7 +165,7 @@ def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, ho
     lay = cfg.layout.resolve(cfg.world)
     cfg = cfg.model_copy(update={"layout": lay})  # the resolved spec: dp filled in from the world size
     spec_path.write_text(cfg.model_dump_json(indent=2))
-    mon.info.update(kind="run", spec=cfg.model_dump(mode="json"), layout_label=lay.label(), world=cfg.world,
+    mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=lay.label(), world=cfg.world,
                     rank_map=rank_map(cfg, host, dev), backend="nccl" if dev == "cuda" else "gloo")
     run.write(mon.info)
 

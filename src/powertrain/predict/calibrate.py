@@ -73,15 +73,14 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
         raise ValueError(f"{path} is a prediction, not a measured run; calibrate on measured runs only")
     if info.get("status") not in (None, "ok"):
         raise ValueError(f"{path}: run status is {info.get('status')!r}; only finished (ok) runs calibrate")
-    # the resolved RunConfig: run.json "config" (the contract), "spec" (what `powertrain run` writes),
-    # or spec.json beside it
-    cfg_raw = info.get("config") or info.get("spec")
+    # the resolved RunConfig: run.json "config", or the spec.json `powertrain run` leaves beside it
+    cfg_raw = info.get("config")
     if not isinstance(cfg_raw, dict) and (rd.path / "spec.json").is_file():
         import json
 
         cfg_raw = json.loads((rd.path / "spec.json").read_text())
     if not isinstance(cfg_raw, dict):
-        raise ValueError(f"{path}: run.json has no resolved `config` (or `spec`); runs made by `powertrain run` carry one")
+        raise ValueError(f"{path}: run.json has no resolved `config`; runs made by `powertrain run` carry one")
     cfg = RunConfig.model_validate(cfg_raw)
     ev = read_events(rd.path)
     mask = pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured"))
