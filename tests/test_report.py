@@ -55,7 +55,7 @@ def test_sweep_report_marks_statuses(tmp_path):
     assert (sweep / "report" / "report.html").is_file() and (sweep / "summary.parquet").is_file()
     for label in ("OOM", "FAILED", "REJECTED", "NOT RUN"):
         assert label in html
-    for fig in ("study_0_gpt3-tiny", "slots_temp_mean_c", "slots_power_mean_w", "throughput_energy",
+    for fig in ("perf_0_gpt3-tiny", "study_0_gpt3-tiny", "slots_temp_mean_c", "slots_power_mean_w", "throughput_energy",
                 "rank_power_peak_w", "stage_breakdown"):
         assert f'id="fig-{fig}"' in html, fig
     assert all(s.startswith("data:image/png;base64,") for s in _images(html))

@@ -79,6 +79,8 @@ def layout_label(row: dict[str, Any]) -> str:
         label += f" {row['variant']}"
     if row.get("micro_batch") not in (None, 1):
         label += f" mb{row['micro_batch']}"
+    if row.get("recompute") not in (None, "none"):
+        label += f" rc={row['recompute']}"
     return label
 
 

@@ -339,10 +339,21 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
                 (r.get("reason") or "")[:160]] for r in rows], cls="sweep")
 
     eff, eff_label = _efficiency(rows)
-    rep.h("Temperature, power and SM clock per configuration (study Figs. 4, 8, 13)")
     fig_rows = [r for r in rows if r["status"] != "duplicate"]  # a duplicate is another run's twin: listed above
     models = sorted({str(r.get("model")) for r in fig_rows})
+    rep.h("Step time and throughput per configuration")
     for i, model in enumerate(models):
+        mrows = [r for r in fig_rows if str(r.get("model")) == model]
+        rep.figure(f"perf_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.performance_panels(model, mrows),
+                   f"{model}: mean step time (whisker: p99) and tokens/s; MFU and utilisation. Runs that did not "
+                   "finish are labelled FAILED / OOM / REJECTED / NOT RUN.")
+    rep.h("Temperature, power and SM clock per configuration (study Figs. 4, 8, 13)")
+    sensed = any(r.get(k) is not None for r in fig_rows
+                 for k in ("temp_mean_c", "power_mean_w", "clock_sm_mean_mhz"))
+    if not sensed:
+        rep.p("Temperature, power and SM clock: not measured in any run of this sweep (these devices have no "
+              "such sensors); the study's per-configuration thermal and power figures need them.", "note")
+    for i, model in enumerate(models if sensed else []):
         mrows = [r for r in fig_rows if str(r.get("model")) == model]
         rep.figure(f"study_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.study_panels(
             model, mrows, eff, eff_label),
@@ -401,7 +412,8 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
     else:
         rep.p("No run has both a throughput and an energy measurement: the Pareto plot is skipped.", "note")
     rep.h("Rankings")
-    for metric, title, unit in (("power_peak_w", "Peak power per configuration", "W"),
+    for metric, title, unit in (("tokens_per_s", "Throughput per configuration", "tokens/s"),
+                                ("power_peak_w", "Peak power per configuration", "W"),
                                 ("temp_peak_c", "Peak temperature per configuration", "°C"),
                                 ("throttle_share", "Share of samples throttled", "share")):
         if any(r.get(metric) is not None for r in rows):

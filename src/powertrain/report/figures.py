@@ -184,6 +184,44 @@ def study_panels(model: str, rows: Sequence[dict[str, Any]], efficiency: str, ef
     return fig
 
 
+def performance_panels(model: str, rows: Sequence[dict[str, Any]]) -> Figure:
+    """Per configuration: mean step time (bar, p99 as a whisker), throughput and MFU (lines), and the
+    host/device utilisation where measured — what a machine without power or thermal sensors measures."""
+    labels = [r["label"] + (" (pred)" if r.get("kind") == "prediction" else "") for r in rows]
+    xs = np.arange(len(rows))
+
+    def col(key: str) -> np.ndarray:
+        return np.array([r.get(key) if r.get(key) is not None else np.nan for r in rows], dtype=float)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
+    mean, p99 = col("step_time_mean_s"), col("step_time_p99_s")
+    hatch = ["//" if r.get("kind") == "prediction" else "" for r in rows]
+    a1.bar(xs, mean, 0.6, color="#6baed6", edgecolor="#08519c", lw=0.5, hatch=hatch, label="mean step time")
+    a1.errorbar(xs, mean, yerr=[np.zeros(len(xs)), np.nan_to_num(p99 - mean)], fmt="none", ecolor="k", capsize=3,
+                lw=0.8, label="p99")
+    a1.set_ylabel("step time (s)")
+    _mark_missing(a1, list(xs), rows, 0.0)
+    a1.legend(fontsize=7, loc="upper left")
+    a1b = a1.twinx()
+    a1b.plot(xs, col("tokens_per_s"), "o-", color="#238b45", ms=4, lw=1.2)
+    a1b.set_ylabel("tokens/s", color="#238b45")
+    a1b.grid(False)
+    a2.plot(xs, 100 * col("mfu"), "s-", color="#6a3d9a", ms=4, lw=1.2, label="MFU (%)")
+    for key, label, style in (("util_mean_pct", "device utilisation (%)", "^--"),
+                              ("cpu_util_mean_pct", "host CPU utilisation (%)", "v--")):
+        v = col(key)
+        if np.isfinite(v).any():
+            a2.plot(xs, v, style, ms=4, lw=1, label=label)
+    a2.set_ylabel("%")
+    a2.set_ylim(bottom=0)
+    a2.legend(fontsize=7, loc="upper left")
+    for ax in (a1, a2):
+        ax.set_xticks(xs, labels, rotation=35, ha="right", fontsize=7)
+    fig.suptitle(f"{model}: step time, throughput and utilisation per configuration (hatched: predicted)")
+    fig.tight_layout()
+    return fig
+
+
 def slot_heatmap(run_labels: Sequence[str], slots: Sequence[tuple[str, str]], values: np.ndarray, title: str,
                  unit: str) -> Figure:
     """Configuration × device slot, with node boundaries drawn and a per-slot mean row at the bottom."""
