@@ -98,7 +98,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
 
     status = run.effective_status()
     status = classify_status(status, info.get("reason"), log_tail(run) if status == "failed" else "")
-    config = info.get("config") or info.get("spec")  # the trainer records its RunConfig as "spec"
+    config = info.get("config")
     rank_map = info.get("rank_map") or []
     metrics: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
     why: dict[str, str] = {}
