@@ -47,6 +47,11 @@ def run(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the run after this many seconds.")] = None,
     check_only: Annotated[bool, typer.Option("--check", help="Only validate the spec; start nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print per-step progress.")] = False,
+    nnodes: Annotated[int | None, typer.Option("--nnodes", help="Nodes of the run (= hardware.nodes); under srun: SLURM_NNODES.", rich_help_panel="Several nodes")] = None,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", help="This node's index, 0 owns the run; under srun: SLURM_NODEID.", rich_help_panel="Several nodes")] = None,
+    master_addr: Annotated[str | None, typer.Option("--master-addr", help="Node 0's address; under srun: the job's first host.", rich_help_panel="Several nodes")] = None,
+    master_port: Annotated[int | None, typer.Option("--master-port", help="A free port on node 0; under srun: derived from the job id.", rich_help_panel="Several nodes")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Label of this node's telemetry (default: the host name).", rich_help_panel="Several nodes")] = None,
 ) -> None:
     """Train SPEC with the built-in reference trainer and leave a complete run directory.
 
@@ -57,6 +62,12 @@ def run(
     status, rank map with dp/tp/pp/cp/ep coordinates), telemetry/, events/rank-<r>.parquet (step,
     forward, backward, optimizer, communication intervals with warm-up/measured windows, tokens,
     loss), logs/rank-<r>.log and, when asked, profiles/.
+
+    Several nodes (hardware.nodes > 1): start the same command once on every node with the same
+    --out, on a filesystem every node shares. Node 0 owns run.json; every node runs its own
+    sampler (telemetry/<host>.parquet) and its devices_per_node ranks (global rank = node ×
+    devices_per_node + local rank). Under `srun --ntasks-per-node=1` the node options come from
+    Slurm; elsewhere pass --nnodes, --node-rank, --master-addr and --master-port on each node.
 
     Example:  powertrain run examples/run-gpt-tp2-sp.yaml --out runs/tp2
     """
@@ -75,16 +86,29 @@ def run(
         err.print(f"[green]ok:[/] {spec} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
                   f"world {cfg.world})")
         return
-    if out is None:
-        out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    from powertrain.launch.local import launch_local
+    from powertrain.launch.local import launch_local, slurm_nodes
 
     try:
+        # Slurm's view of the job only matters to a multi-node spec: a one-node spec runs here alone.
+        slurm = (slurm_nodes() if cfg.hardware.nodes > 1 else None) or {}
+        nodes = {"nnodes": nnodes or slurm.get("nnodes", 1),
+                 "node_rank": node_rank if node_rank is not None else slurm.get("node_rank", 0),
+                 "master_addr": master_addr or slurm.get("master_addr"),
+                 "master_port": master_port or slurm.get("master_port")}
+        if out is None:
+            if nodes["nnodes"] > 1:
+                raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")
+            out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
-                           echo=not quiet, timeout_s=timeout)
+                           echo=not quiet, timeout_s=timeout, host=host, **nodes)
     except (MonitorError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    if nodes["node_rank"] != 0:  # node 0 reports the run; this node only its own share
+        colour = "green" if res.status == "ok" else "red"
+        err.print(f"[bold]node {nodes['node_rank']}[/] of run {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
+                  + (f" — {escape(res.reason)}" if res.reason else ""))
+        raise typer.Exit(0 if res.status == "ok" else 1)
     colour = "green" if res.status == "ok" else "red"
     err.print(f"[bold]run[/] {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
               + (f" — {escape(res.reason)}" if res.reason else ""))

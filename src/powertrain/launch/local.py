@@ -1,4 +1,4 @@
-"""Launch one run on this machine: validate, then ``torchrun`` the ranks under the node's sampler.
+"""Launch one run: validate, then ``torchrun`` this node's ranks under the node's sampler.
 
 :func:`launch_local` checks the configuration first (:mod:`powertrain.spec.validate`; nothing
 starts when a rule is broken), creates the run directory through :class:`powertrain.Monitor`
@@ -6,11 +6,22 @@ starts when a rule is broken), creates the run directory through :class:`powertr
 ``torchrun --standalone --nproc_per_node=N -m powertrain.workload.train``. The protocol's cool-down
 gate and idle baseline are applied by the sweep runner (:mod:`powertrain.launch.sweep`), not here.
 
+Several nodes (``hardware.nodes > 1``): the same call runs once per node (``powertrain run`` under
+``srun --ntasks-per-node=1``, or by hand with ``--nnodes/--node-rank/--master-addr/--master-port``)
+on a run directory that every node sees (**shared filesystem assumed**). Node 0 owns the run: it
+creates it, writes ``run.json`` and closes it. Every other node joins it with
+:meth:`Monitor.attach` (only its own sampler, so one sampler per node) and never writes
+``run.json``. torchrun uses a static rendezvous at ``master_addr:master_port``; global rank =
+node_rank × devices_per_node + local rank, and every rank writes ``events/rank-<r>.parquet`` into the
+shared run directory. Each node leaves ``logs/node-<r>.json`` (its host) when it starts and
+``logs/node-<r>.exit.json`` (its outcome) when its torchrun ends; the owner waits a bounded time for
+those, fills the hosts into the rank map and fails the run when any node failed.
+
 Failure handling: a rank that raises writes ``logs/rank-<r>.error.json`` and exits; torchrun then
 stops the other ranks. The launcher waits at most ``crash_grace_s`` after the first error report
-before killing the whole process group, so a crash ends the run within a bounded time. The run is
-marked ``failed`` with the first failing rank and its error tail; telemetry and events written up
-to the crash stay in the run directory.
+(from any node) before killing the whole process group, so a crash ends the run within a bounded
+time. The run is marked ``failed`` with the first failing rank and its error tail; telemetry and
+events written up to the crash stay in the run directory.
 """
 
 from __future__ import annotations
@@ -29,14 +40,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from powertrain import hooks
-from powertrain.monitor import Monitor
+from powertrain.monitor import Monitor, MonitorError, _wait_node_samplers
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
-from powertrain.store.rundir import default_host, read_json
+from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
 
 CRASH_GRACE_S = 20.0
 STOP_GRACE_S = 10.0
 ERROR_TAIL_LINES = 30
+NODE_WAIT_S = 120.0  # how long the owner waits for the other nodes' exit records
 
 
 @dataclass
@@ -60,14 +72,19 @@ def accelerator() -> tuple[str, int]:
     return "cpu", 0
 
 
-def rank_map(cfg: RunConfig, host: str, device_type: str) -> list[dict[str, Any]]:
-    """rank → host, local rank, device and mesh coordinates {dp, tp, pp, cp, ep}."""
+def rank_map(cfg: RunConfig, hosts: str | list[str | None], device_type: str) -> list[dict[str, Any]]:
+    """rank → node, host, local rank, device and mesh coordinates {dp, tp, pp, cp, ep}.
+
+    Global rank = node × devices_per_node + local rank (torchrun's order). ``hosts`` is one host for
+    every node, or each node's host (``None`` while a node's host is not known yet).
+    """
     lay = cfg.layout.resolve(cfg.world)
     per_node = cfg.hardware.devices_per_node
+    node_hosts = [hosts] * cfg.hardware.nodes if isinstance(hosts, str) else hosts
     out = []
     for r in range(cfg.world):
         local = r % per_node
-        out.append({"rank": r, "host": host, "local_rank": local,
+        out.append({"rank": r, "node": r // per_node, "host": node_hosts[r // per_node], "local_rank": local,
                     "device": device_type if device_type == "cpu" else f"{device_type}:{local}",
                     "coords": lay.coords(r)})
     return out
@@ -121,60 +138,187 @@ def _pump(src: IO[bytes], dest: Path, echo: bool) -> None:
                 sys.stderr.flush()
 
 
-def torchrun_command(cfg: RunConfig, spec_path: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+def torchrun_command(cfg: RunConfig, spec_path: Path, *, nnodes: int = 1, node_rank: int = 0,
+                     master_addr: str | None = None, master_port: int | None = None) -> list[str]:
+    """torchrun for this node: ``--standalone`` on one node, a static rendezvous on several."""
+    if nnodes == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}",
+                 f"--master_port={master_port}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             f"--nproc_per_node={cfg.hardware.devices_per_node}", "--monitor-interval=0.2",
             "-m", "powertrain.workload.train", "--spec", str(spec_path)]
 
 
+def _node_record(run: RunDir, node_rank: int, kind: str = "") -> Path:
+    return run.logs_dir / f"node-{node_rank}{kind}.json"
+
+
+def _wait_file(path: Path, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise MonitorError(f"{path}: {what} did not appear within {timeout_s:.0f} s "
+                               "(shared filesystem assumed: is --out on a folder every node sees?)")
+        time.sleep(0.05)
+
+
+def _wait_nodes(run: RunDir, nnodes: int, timeout_s: float) -> dict[int, dict[str, Any]]:
+    """Exit records of nodes 1…nnodes-1, waiting up to ``timeout_s`` for the missing ones."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = {r: read_json(_node_record(run, r, ".exit")) for r in range(1, nnodes)
+                if _node_record(run, r, ".exit").is_file()}
+        if len(done) == nnodes - 1 or time.monotonic() > deadline:
+            return done
+        time.sleep(0.1)
+
+
+def slurm_nodes(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """Node options of this process inside a Slurm job step (``srun``): nnodes, node_rank,
+    master_addr (the job's first host, from ``scontrol show hostnames``) and a master_port derived
+    from the job id (the same on every node, in 29500–39499); ``None`` outside Slurm."""
+    e = os.environ if environ is None else environ
+    try:
+        nnodes, node_rank, job = int(e["SLURM_NNODES"]), int(e["SLURM_NODEID"]), int(e["SLURM_JOB_ID"])
+        nodelist = e["SLURM_JOB_NODELIST"]
+    except (KeyError, ValueError):
+        return None
+    if "[" in nodelist:  # a compressed list (node[01-04]): only scontrol expands it reliably
+        try:
+            res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise ValueError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with scontrol ({exc}); "
+                             "pass --master-addr") from None
+        first = res.stdout.split()[0]
+    else:
+        first = nodelist.split(",")[0]
+    return {"nnodes": nnodes, "node_rank": node_rank, "master_addr": first, "master_port": 29500 + job % 10000}
+
+
 def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float = 20.0,
                  backends: str | list[str] = "auto", echo: bool = True, timeout_s: float | None = None,
-                 env: Mapping[str, str] | None = None) -> RunResult:
-    """Run ``cfg`` on this node; returns how it ended (the run directory holds the rest).
+                 env: Mapping[str, str] | None = None, nnodes: int = 1, node_rank: int = 0,
+                 master_addr: str | None = None, master_port: int | None = None,
+                 host: str | None = None) -> RunResult:
+    """Run this node's share of ``cfg``; returns how it ended (the run directory holds the rest).
+
+    One node (``nnodes=1``): the whole run. Several: call it once on every node with the same
+    ``out`` (a folder all nodes share), ``nnodes`` = ``hardware.nodes``, this node's ``node_rank``
+    and node 0's ``master_addr``/``master_port``; node 0 returns the run's outcome, the others their
+    node's. ``host`` labels this node's telemetry (default: the host name).
 
     Raises :class:`powertrain.spec.validate.ConfigError` before anything starts when the
-    configuration breaks a rule, and ``ValueError`` when it needs more nodes or devices than here.
+    configuration breaks a rule, and ``ValueError`` when the node options do not fit the spec or it
+    needs more devices than this node has.
     """
     check(cfg)
-    if cfg.hardware.nodes != 1:
-        raise ValueError(f"local launch runs one node, the spec asks for {cfg.hardware.nodes}; "
-                         "set hardware.nodes: 1 or launch through Slurm")
+    if nnodes != cfg.hardware.nodes:
+        how = ("set hardware.nodes: 1 or launch on every node (srun, or --nnodes/--node-rank/--master-addr/"
+               "--master-port)") if nnodes == 1 else f"pass --nnodes {cfg.hardware.nodes}"
+        raise ValueError(f"the spec asks for {cfg.hardware.nodes} node(s) but this launch has {nnodes}; {how}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank {node_rank} outside 0…{nnodes - 1}; give each node its own --node-rank")
+    if nnodes > 1 and (not master_addr or not master_port):
+        raise ValueError("several nodes need node 0's address and a free port: --master-addr A --master-port P")
     dev, count = accelerator()
-    if dev != "cpu" and cfg.world > count:
-        raise ValueError(f"the spec needs {cfg.world} ranks but this node has {count} {dev} devices; "
-                         f"set hardware.devices_per_node ≤ {count}")
+    if dev != "cpu" and cfg.hardware.devices_per_node > count:
+        raise ValueError(f"the spec needs {cfg.hardware.devices_per_node} ranks per node but this node has "
+                         f"{count} {dev} devices; set hardware.devices_per_node ≤ {count}")
     out = Path(out)
     spec_path = out / "spec.json"
-    cmd = torchrun_command(cfg, spec_path)
-    host = default_host()
-    mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd)
-    mon.start()
+    cmd = torchrun_command(cfg, spec_path, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=master_port)
+    host = host or default_host()
+    log_name = "torchrun.log" if nnodes == 1 else f"torchrun-node-{node_rank}.log"
+    mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd, host=host)
+    if node_rank == 0:
+        mon.start()
+        try:
+            # the resolved spec: dp filled in from the world size
+            cfg = cfg.model_copy(update={"layout": cfg.layout.resolve(cfg.world)})
+            write_json_atomic(spec_path, cfg.model_dump(mode="json"))
+            write_json_atomic(_node_record(mon.run, 0), {"node_rank": 0, "host": host, "pid": os.getpid()})
+            mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=cfg.layout.label(),
+                            world=cfg.world, rank_map=rank_map(cfg, [host] + [None] * (nnodes - 1), dev),
+                            backend="nccl" if dev == "cuda" else "gloo")
+            if nnodes > 1:
+                mon.info["nodes"] = {"count": nnodes, "master": f"{master_addr}:{master_port}"}
+            mon.run.write(mon.info)
+            status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
+            if nnodes > 1:
+                status, reason = _join_nodes(mon, cfg, nnodes, status, reason, dev)
+        except BaseException as exc:
+            mon.stop("failed", f"launcher error: {type(exc).__name__}: {exc}")
+            raise
+        info = mon.stop(status, reason, exit_code=code)
+        return RunResult(mon.run.path, info["status"], info["reason"], code, info)
+
+    mon.attach()
+    record: dict[str, Any] = {"node_rank": node_rank, "host": host, "exit_code": None}
     try:
-        status, reason, code = _supervise(cfg, mon, cmd, spec_path, host, dev, echo, timeout_s, env)
+        write_json_atomic(_node_record(mon.run, node_rank), {"node_rank": node_rank, "host": host, "pid": os.getpid()})
+        _wait_file(spec_path, 60.0, "node 0's spec.json")
+        status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
+        record.update(status=status, reason=reason, exit_code=code,
+                      **{k: mon.info[k] for k in ("failed_rank", "error", "error_tail") if k in mon.info})
     except BaseException as exc:
-        mon.stop("failed", f"launcher error: {type(exc).__name__}: {exc}")
+        status, reason, code = "failed", f"launcher error: {type(exc).__name__}: {exc}", None
+        record.update(status=status, reason=reason)
         raise
-    info = mon.stop(status, reason, exit_code=code)
-    return RunResult(mon.run.path, info["status"], info["reason"], code, info)
+    finally:
+        mon.detach()  # this node's sampler has written its final meta before the owner is told
+        if mon.sampler_death:
+            record.update(status="failed", reason="; ".join(filter(None, [record.get("reason"), mon.sampler_death])))
+        write_json_atomic(_node_record(mon.run, node_rank, ".exit"), {**record, "end_ns": time.time_ns()})
+    return RunResult(mon.run.path, record["status"], record["reason"], code, record)
 
 
-def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, host: str, dev: str, echo: bool,
-               timeout_s: float | None, env: Mapping[str, str] | None) -> tuple[str, str | None, int]:
-    """Start torchrun, wait for it (stopping it on a crash, timeout or signal); (status, reason, exit code)."""
+def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: str | None,
+                dev: str) -> tuple[str, str | None]:
+    """Owner: wait for the other nodes' exit records, fill in their hosts, fail the run if one failed."""
     run = mon.run
-    lay = cfg.layout.resolve(cfg.world)
-    cfg = cfg.model_copy(update={"layout": lay})  # the resolved spec: dp filled in from the world size
-    spec_path.write_text(cfg.model_dump_json(indent=2))
-    mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=lay.label(), world=cfg.world,
-                    rank_map=rank_map(cfg, host, dev), backend="nccl" if dev == "cuda" else "gloo")
-    run.write(mon.info)
+    done = _wait_nodes(run, nnodes, NODE_WAIT_S)
+    _wait_node_samplers(run, nnodes)
+    hosts: list[str | None] = []
+    for r in range(nnodes):
+        try:
+            hosts.append(read_json(_node_record(run, r)).get("host"))
+        except (OSError, ValueError):
+            hosts.append(None)
+    mon.info["rank_map"] = rank_map(cfg, hosts, dev)
+    mon.info["hosts"] = sorted({*mon.info.get("hosts", []), *(h for h in hosts if h)})
+    mon.info["nodes"]["exits"] = {str(r): done.get(r) for r in range(1, nnodes)}
+    failed = [f"node {r} ({d.get('host')}): {d.get('reason') or 'failed'}" for r, d in sorted(done.items())
+              if d.get("status") != "ok"]
+    failed += [f"node {r} left no exit record within {NODE_WAIT_S:.0f} s" for r in range(1, nnodes) if r not in done]
+    if failed:
+        if "failed_rank" not in mon.info:
+            first = next((d for d in done.values() if "failed_rank" in d), None)
+            if first is not None:
+                mon.info.update(failed_rank=first["failed_rank"], error=first.get("error"),
+                                error_tail=first.get("error_tail"))
+        return "failed", "; ".join(filter(None, [reason, *failed]))
+    return status, reason
 
+
+def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None, env: Mapping[str, str] | None,
+               log_name: str) -> tuple[str, str | None, int]:
+    """Start torchrun, wait for it (stopping it on a crash, timeout or signal); (status, reason, exit code).
+
+    Its output goes to ``logs/<log_name>``; what went wrong is also put in ``mon.info`` (failed_rank,
+    error, error_tail, launch), which only the run's owner writes to ``run.json``.
+    """
+    run = mon.run
+    log = run.logs_dir / log_name
     child_env = {**os.environ, **(env or {}), hooks.RUN_DIR_ENV: str(run.path.resolve()), "PYTHONUNBUFFERED": "1"}
     t_launch = time.time_ns()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env, process_group=0,
                              preexec_fn=_term_with_parent)
     assert child.stdout is not None
-    pump = threading.Thread(target=_pump, args=(child.stdout, run.logs_dir / "torchrun.log", echo), daemon=True)
+    pump = threading.Thread(target=_pump, args=(child.stdout, log, echo), daemon=True)
     pump.start()
 
     interrupted: list[int] = []
@@ -213,7 +357,7 @@ def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, ho
 
     status, reason = "ok", None
     err = first_error(run.path)
-    failures = torchrun_failures(run.logs_dir / "torchrun.log") if code != 0 else {}
+    failures = torchrun_failures(log) if code != 0 else {}
     # A rank killed without a word (SIGKILL, OOM killer, segfault) is the origin: its peers' errors
     # ("connection closed by peer") are only echoes of it.
     killed = sorted(r for r, c in failures.items() if c < 0 and not (run.logs_dir / f"rank-{r}.error.json").exists()
@@ -231,7 +375,7 @@ def _supervise(cfg: RunConfig, mon: Monitor, cmd: list[str], spec_path: Path, ho
         mon.info.update(failed_rank=r, error=err["error"], error_tail=tail)
         status, reason = "failed", f"rank {r} failed: {err['error']}"
     elif code != 0 or timed_out or interrupted:
-        tail = _tail(run.logs_dir / "torchrun.log")
+        tail = _tail(log)
         mon.info["error_tail"] = tail
         status = "failed"
         if timed_out:

@@ -162,7 +162,8 @@ def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit
 
 def sbatch_script(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_path: Path, run_dir: Path,
                   time_limit_s: float) -> str:
-    """The batch script for one run: one task per node; the run's launcher starts one sampler per node."""
+    """The batch script for one run: one task per node, each running ``powertrain run`` for its node
+    (``srun`` when ``hardware.nodes > 1``); every node's launcher starts that node's one sampler."""
     folder = run_dir.parent
     lines = [
         "#!/bin/bash",
@@ -178,6 +179,10 @@ def sbatch_script(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_
         lines.append(f"#SBATCH --account={plan_launch.account}")
     lines += [f"#SBATCH {d}" if not d.startswith("#SBATCH") else d for d in plan_launch.slurm_extra]
     cmd = " ".join(shlex.quote(c) for c in _run_command(opts, spec_path, run_dir))
+    if config.hardware.nodes > 1:
+        # One `powertrain run` per node; each reads its node options from Slurm (run directory on a
+        # shared filesystem). A node that fails ends the job step on every node.
+        cmd = f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {cmd}"
     lines += ["set -euo pipefail", f"exec {cmd}"]
     return "\n".join(lines) + "\n"
 
