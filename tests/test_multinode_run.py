@@ -26,14 +26,20 @@ SPEC = {"name": "mn", "model": "llama3-tiny", "layout": {},  # dp = world = 2 (D
         "protocol": {"warmup_steps": 1, "measured_steps": 2}}
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     # Not under a Slurm job here, whatever the test runner's environment says; one thread per rank.
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "OMP_NUM_THREADS": "1"}
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "OMP_NUM_THREADS": "1", **extra}
 
 
-def _start(*args: str) -> subprocess.Popen:
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "powertrain.cli", "run", *args, "--rate", "10", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**(env or {})))
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """(exit code, stderr) of a started `powertrain run`."""
+    _, stderr = proc.communicate(timeout=timeout)
+    return proc.returncode, stderr
 
 
 def _free_port() -> int:
@@ -61,7 +67,7 @@ def test_two_nodes_on_localhost_make_one_run_with_one_sampler_per_node(tmp_path)
     procs = [_start(two, "--out", str(out), "--nnodes", "2", "--node-rank", str(r), "--master-addr", "127.0.0.1",
                     "--master-port", port, "--host", f"node{r}") for r in (1, 0)]  # node 1 may start first
     procs.append(_start(one, "--out", str(ref)))  # the same two ranks on one node, for the losses
-    results = [(p.wait(timeout=240), p.stderr.read()) for p in procs]
+    results = [_finish(p, 240) for p in procs]
     for code, stderr in results:
         assert code == 0, stderr[-3000:]
     assert "node 1 of run" in results[0][1]
@@ -118,3 +124,18 @@ def test_node_options_from_a_slurm_job_step():
     env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4321", "SLURM_JOB_NODELIST": "gpu7,gpu9"}
     assert slurm_nodes(env) == {"nnodes": 2, "node_rank": 1, "master_addr": "gpu7", "master_port": 29500 + 4321}
     assert slurm_nodes({"SLURM_JOB_ID": "1"}) is None  # not inside a job step
+
+
+@pytest.mark.slow
+def test_a_failing_rank_on_another_node_fails_the_run(tmp_path):
+    spec = _write(tmp_path / "s.yaml", SPEC)
+    out, port = tmp_path / "run", str(_free_port())
+    procs = [_start(spec, "--out", str(out), "--nnodes", "2", "--node-rank", str(r), "--master-addr", "127.0.0.1",
+                    "--master-port", port, "--host", f"node{r}", env={"POWERTRAIN_FAULT": "1:1"}) for r in (0, 1)]
+    codes = [_finish(p, 180)[0] for p in procs]
+    assert codes == [1, 1]  # node 1's rank raised; node 0's torchrun was stopped with it
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "failed" and info["failed_rank"] == 1
+    assert "injected fault (POWERTRAIN_FAULT) on rank 1 at step 1" in info["reason"]
+    assert info["nodes"]["exits"]["1"]["status"] == "failed"
+    assert set(info["sampler_hosts"]) == {"node0", "node1"}  # both samplers closed, data kept

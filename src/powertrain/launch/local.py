@@ -290,18 +290,21 @@ def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: 
             hosts.append(None)
     mon.info["rank_map"] = rank_map(cfg, hosts, dev)
     mon.info["hosts"] = sorted({*mon.info.get("hosts", []), *(h for h in hosts if h)})
-    mon.info["nodes"]["exits"] = {str(r): done.get(r) for r in range(1, nnodes)}
-    failed = [f"node {r} ({d.get('host')}): {d.get('reason') or 'failed'}" for r, d in sorted(done.items())
-              if d.get("status") != "ok"]
-    failed += [f"node {r} left no exit record within {NODE_WAIT_S:.0f} s" for r in range(1, nnodes) if r not in done]
-    if failed:
-        if "failed_rank" not in mon.info:
-            first = next((d for d in done.values() if "failed_rank" in d), None)
-            if first is not None:
-                mon.info.update(failed_rank=first["failed_rank"], error=first.get("error"),
-                                error_tail=first.get("error_tail"))
-        return "failed", "; ".join(filter(None, [reason, *failed]))
-    return status, reason
+    mon.info["nodes"]["exits"] = {str(r): {k: d.get(k) for k in ("host", "status", "reason", "exit_code")}
+                                  if (d := done.get(r)) else None for r in range(1, nnodes)}
+    bad = {r: d for r, d in sorted(done.items()) if d.get("status") != "ok"}
+    missing = [r for r in range(1, nnodes) if r not in done]
+    if not bad and not missing:
+        return status, reason
+    if "failed_rank" not in mon.info:  # this node's ranks were fine: tell the first failing node's error
+        first = next((d for d in bad.values() if "failed_rank" in d), None)
+        if first is not None:
+            mon.info.update(failed_rank=first["failed_rank"], error=first.get("error"), error_tail=first.get("error_tail"))
+    # a rank's error file is seen by every node: do not repeat the reason node 0 already gives
+    notes = [f"node {r} ({d.get('host')}): {d.get('reason') or 'failed'}" for r, d in bad.items()
+             if d.get("reason") != reason]
+    notes += [f"node {r} left no exit record within {NODE_WAIT_S:.0f} s" for r in missing]
+    return "failed", "; ".join(filter(None, [reason, *notes])) or "a node failed"
 
 
 def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None, env: Mapping[str, str] | None,
