@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -43,9 +44,15 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port in the range ``slurm_nodes`` derives ports from (29500–39499)."""
+    for port in random.sample(range(29500, 39500), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip("no free port in 29500–39499")
 
 
 def _write(path: Path, spec: dict) -> str:
@@ -63,9 +70,14 @@ def test_two_nodes_on_localhost_make_one_run_with_one_sampler_per_node(tmp_path)
     two = _write(tmp_path / "two.yaml", SPEC)
     one = _write(tmp_path / "one.yaml", {**SPEC, "hardware": {"nodes": 1, "devices_per_node": 2}})
     out, ref = tmp_path / "run", tmp_path / "ref"
-    port = str(_free_port())
-    procs = [_start(two, "--out", str(out), "--nnodes", "2", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-                    "--master-port", port, "--host", f"node{r}") for r in (1, 0)]  # node 1 may start first
+    port = _free_port()
+    # node 1 starts first and takes its node options from Slurm's environment, as under srun (the
+    # port is derived from the job id); node 0 gets them on the command line.
+    slurm = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": str(port - 29500 + 10000),
+             "SLURM_JOB_NODELIST": "127.0.0.1"}
+    procs = [_start(two, "--out", str(out), "--host", "node1", env=slurm),
+             _start(two, "--out", str(out), "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                    "--master-port", str(port), "--host", "node0")]
     procs.append(_start(one, "--out", str(ref)))  # the same two ranks on one node, for the losses
     results = [_finish(p, 240) for p in procs]
     for code, stderr in results:
@@ -123,6 +135,8 @@ def test_multi_node_sbatch_script_runs_one_launcher_per_node_through_srun(tmp_pa
 def test_node_options_from_a_slurm_job_step():
     env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4321", "SLURM_JOB_NODELIST": "gpu7,gpu9"}
     assert slurm_nodes(env) == {"nnodes": 2, "node_rank": 1, "master_addr": "gpu7", "master_port": 29500 + 4321}
+    step = {**env, "SLURM_NNODES": "4", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu9,gpu7"}
+    assert slurm_nodes(step)["nnodes"] == 2 and slurm_nodes(step)["master_addr"] == "gpu9"  # the step's nodes
     assert slurm_nodes({"SLURM_JOB_ID": "1"}) is None  # not inside a job step
 
 

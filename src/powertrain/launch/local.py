@@ -177,12 +177,17 @@ def _wait_nodes(run: RunDir, nnodes: int, timeout_s: float) -> dict[int, dict[st
 
 def slurm_nodes(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """Node options of this process inside a Slurm job step (``srun``): nnodes, node_rank,
-    master_addr (the job's first host, from ``scontrol show hostnames``) and a master_port derived
-    from the job id (the same on every node, in 29500–39499); ``None`` outside Slurm."""
+    master_addr (the step's first host, from ``scontrol show hostnames``) and a master_port derived
+    from the job id (the same on every node, in 29500–39499); ``None`` outside Slurm.
+
+    The step's ``SLURM_STEP_NUM_NODES`` / ``SLURM_STEP_NODELIST`` win over the job's
+    ``SLURM_NNODES`` / ``SLURM_JOB_NODELIST`` (a step may use part of the allocation).
+    """
     e = os.environ if environ is None else environ
     try:
-        nnodes, node_rank, job = int(e["SLURM_NNODES"]), int(e["SLURM_NODEID"]), int(e["SLURM_JOB_ID"])
-        nodelist = e["SLURM_JOB_NODELIST"]
+        nnodes = int(e.get("SLURM_STEP_NUM_NODES") or e["SLURM_NNODES"])
+        node_rank, job = int(e["SLURM_NODEID"]), int(e["SLURM_JOB_ID"])
+        nodelist = e.get("SLURM_STEP_NODELIST") or e["SLURM_JOB_NODELIST"]
     except (KeyError, ValueError):
         return None
     if "[" in nodelist:  # a compressed list (node[01-04]): only scontrol expands it reliably
