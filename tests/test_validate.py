@@ -88,3 +88,13 @@ def test_example_run_specs_are_valid():
     assert specs
     for spec in specs:
         assert validate(load_run_config(spec)) == [] or spec.name == "run-llama-text.yaml", spec
+
+
+def test_explicit_split_is_checked_without_pipeline_too():
+    # found by the planner fuzz test: an empty split passed validation and crashed the memory model
+    from powertrain.spec.run import RunConfig
+    from powertrain.spec.validate import validate
+
+    cfg = RunConfig(model="gpt3-tiny", layout={"pp_split": []})
+    assert [v.rule for v in validate(cfg)] == ["stage_split"]
+    assert validate(RunConfig(model="gpt3-tiny", layout={"pp_split": [4]})) == []

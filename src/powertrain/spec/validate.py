@@ -104,6 +104,11 @@ def rule_pipeline(cfg: RunConfig) -> list[Violation]:
         if lay.virtual_stages > 1:
             out.append(Violation("virtual_stages_need_pp", "virtual_stages > 1 without pipeline parallelism",
                                  "set layout.pp > 1 or virtual_stages: 1"))
+        elif isinstance(lay.pp_split, list):  # an explicit split must still describe the one stage
+            try:
+                lay.stage_layer_counts(m.layers)
+            except ValueError as exc:
+                out.append(Violation("stage_split", str(exc), "drop pp_split, or list one count per stage"))
         return out
     if m.layers < lay.stages:
         out.append(Violation("layers_ge_stages",
