@@ -245,7 +245,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
             # the resolved spec: dp filled in from the world size
             cfg = cfg.model_copy(update={"layout": cfg.layout.resolve(cfg.world)})
             write_json_atomic(spec_path, cfg.model_dump(mode="json"))
-            write_json_atomic(_node_record(mon.run, 0), {"node_rank": 0, "host": host, "pid": os.getpid()})
+            if nnodes > 1:
+                write_json_atomic(_node_record(mon.run, 0), {"node_rank": 0, "host": host, "pid": os.getpid()})
             mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=cfg.layout.label(),
                             world=cfg.world, rank_map=rank_map(cfg, [host] + [None] * (nnodes - 1), dev),
                             backend="nccl" if dev == "cuda" else "gloo")
