@@ -281,3 +281,12 @@ def test_local_flops_formula_matches_the_predictor(name, recompute):
     assert work._model_flops_per_token_local(m) == pytest.approx(pf.model_flops_per_token(m), rel=1e-9)
     local_hw = work._model_flops_per_token_local(m) + work._recompute_flops_per_token(m, recompute)
     assert local_hw == pytest.approx(pf.hardware_flops_per_token(m, recompute), rel=1e-9)
+
+
+def test_energy_per_step_is_the_cluster_power_integrated_over_each_step(tmp_path):
+    path = synthetic.write_run(tmp_path / "flat", hosts=2, devices_per_host=4, base_w=BASE, amp_w=0.0,
+                               steps=4, step_s=1.0)
+    per_step = summarize_run(path)["per_step"]
+    assert len(per_step) == 4
+    for row in per_step:  # 8 devices × 500 W × 1 s
+        assert row["energy_j"] == pytest.approx(8 * BASE * 1.0, rel=0.02)

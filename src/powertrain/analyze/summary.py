@@ -175,6 +175,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
     else:
         why["power_above_90pct_limit_share"] = why.get("power_mean_w") or "no power_limit_w field on these devices"
     per_step_power: dict[int, float] = {}
+    per_step_energy: dict[int, float] = {}
     series = None
     if pw:
         period = float(np.median([s["period_s"] for s in pw if s["period_s"]] or [0.1]))
@@ -195,10 +196,18 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
             why["power_osc_freq_hz"] = why["power_osc_amp_w"] = "too few samples or a flat power signal"
         if sd is not None:
             mean = series["mean"].to_numpy()
+            # cluster power (sum over devices) where every device reported, integrated per step window;
+            # one bucket beyond the window on each side so the first and last steps are covered too
+            wide = telemetry.device_mean_series(con, w0 - bucket_ns, w1 + bucket_ns, bucket_ns)
+            full = wide["n"].to_numpy() == n_full
+            t_full, total_full = wide["t_ns"].to_numpy()[full], wide["total"].to_numpy()[full].astype(float)
             for s, a, b in zip(sd.steps.tolist(), sd.t_start_ns.tolist(), sd.t_end_ns.tolist(), strict=True):
                 sel = (t_ns >= a) & (t_ns <= b)
                 if sel.any():
                     per_step_power[s] = float(np.mean(mean[sel]))
+                energy = signal.trapezoid_j(*signal.clip_interp(t_full, total_full, a, b))
+                if energy is not None:
+                    per_step_energy[s] = energy
 
     # --- energy ---------------------------------------------------------------------------------
     integ = [s for s in pw if s.get("power_w_integral") is not None]
@@ -441,6 +450,7 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
                 "step": s, "t_start_ns": int(sd.t_start_ns[j]), "t_end_ns": int(sd.t_end_ns[j]),
                 "step_time_s": float(sd.step_time_s[j]), "tokens": sd.tokens[j], "samples": sd.samples[j],
                 "straggler_spread_pct": sd.spread_pct[j], "power_mean_w": per_step_power.get(s),
+                "energy_j": per_step_energy.get(s),
             })
 
     summary = {

@@ -161,13 +161,20 @@ def _step_spans(events: Any, t0: int) -> list[tuple[float, float, str]]:
     return [((a - t0) / 1e9, (b - t0) / 1e9, w) for (_, w), (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])]
 
 
-def _timeline_series(run_path: Path, fields_supported: list[str]) -> tuple[dict[str, Any], dict[str, str], int]:
+HEATMAP_MIN_DEVICES = 17  # from this many devices on, power is also drawn as a device × time heatmap
+
+
+def _timeline_series(run_path: Path, fields_supported: list[str]
+                     ) -> tuple[dict[str, Any], dict[str, str], int, tuple[list[str], np.ndarray, np.ndarray] | None]:
+    """Per-field, per-device series (first MAX_TIMELINE_DEVICES), what is missing, t0, and — for many
+    devices — every device's power as (labels, seconds, devices × time matrix)."""
     con = duckdb.connect()
+    heat = None
     try:
         n = tel.open_telemetry(con, run_path)
         sp = tel.span(con)
         if not n or sp is None:
-            return {}, {f: "no telemetry was written" for f in ("power_w", "temp_c", "clock_sm_mhz")}, 0
+            return {}, {f: "no telemetry was written" for f in ("power_w", "temp_c", "clock_sm_mhz")}, 0, None
         t0, t1 = sp
         bucket = max((t1 - t0) // MAX_POINTS_PER_DEVICE, 1)
         counts = con.execute("SELECT " + ", ".join(f"count({f})" for f in TIMELINE_FIELDS) + " FROM tel").fetchall()[0]
@@ -182,6 +189,9 @@ def _timeline_series(run_path: Path, fields_supported: list[str]) -> tuple[dict[
             hosts = t["host"].to_numpy(zero_copy_only=False)
             devs = t["device"].to_numpy(zero_copy_only=False)
             secs = t["b"].to_numpy() * bucket / 1e9
+            if "power_w" in present and len(keys) >= HEATMAP_MIN_DEVICES:
+                heat = _power_matrix(keys, hosts, devs, t["b"].to_numpy(), t["power_w"].to_numpy(zero_copy_only=False),
+                                     bucket)
             for f in present:
                 vals = t[f].to_numpy(zero_copy_only=False).astype(float)
                 for h, d in keys[:MAX_TIMELINE_DEVICES]:
@@ -195,10 +205,23 @@ def _timeline_series(run_path: Path, fields_supported: list[str]) -> tuple[dict[
                        ("clock_sm_mhz", "no SM clock reading on these devices")):
             if f not in series:
                 missing[f] = why + ("" if f not in fields_supported else " in this window")
-        return series, missing, t0
+        return series, missing, t0, heat
     finally:
         tel.release(con)
         con.close()
+
+
+def _power_matrix(keys: list[tuple[str, str]], hosts: np.ndarray, devs: np.ndarray, buckets: np.ndarray,
+                  power: np.ndarray, bucket_ns: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Every device's bucketed power as a devices × time matrix (NaN where a device did not report)."""
+    b0, b1 = int(buckets.min()), int(buckets.max())
+    matrix = np.full((len(keys), b1 - b0 + 1), np.nan)
+    row = {k: i for i, k in enumerate(keys)}
+    idx = np.fromiter((row[(h, d)] for h, d in zip(hosts, devs, strict=True)), dtype=np.int64, count=len(hosts))
+    matrix[idx, buckets.astype(np.int64) - b0] = power.astype(float)
+    one_host = len({k[0] for k in keys}) == 1
+    labels = [d if one_host else f"{h}/{d}" for h, d in keys]
+    return labels, np.arange(b0, b1 + 1) * bucket_ns / 1e9, matrix
 
 
 def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) -> Path:
@@ -236,18 +259,31 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
         return rep.write()
 
     events = read_events(path)
-    series, missing, t0 = _timeline_series(path, info.get("fields_supported") or [])
+    series, missing, t0, heat = _timeline_series(path, info.get("fields_supported") or [])
     spans = _step_spans(events, t0) if events.num_rows and t0 else []
     rep.h("Timelines")
     n_dev = len(summ.get("per_device") or [])
     if n_dev > MAX_TIMELINE_DEVICES:
-        rep.p(f"Timelines show the first {MAX_TIMELINE_DEVICES} of {n_dev} devices; the slot heatmaps of a sweep "
-              "report and `powertrain trace` show all of them.", "note")
+        rep.p(f"Line timelines show the first {MAX_TIMELINE_DEVICES} of {n_dev} devices; the power heatmap below "
+              "and `powertrain trace` show all of them.", "note")
     if series or missing:
         rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device"),
                    "Telemetry per device; shaded: step windows (green measured, orange warm-up). Fields this "
                    "machine cannot measure are listed, not drawn as zeros.")
+    if heat is not None:
+        labels, secs, matrix = heat
+        rep.figure("power_heatmap", lambda: F.device_heatmap(labels, secs, matrix, f"{name}: power of every device",
+                                                             "power (W)"),
+                   f"Power of all {len(labels)} devices over time (one row each, bucketed); a cool or hot row is a "
+                   "device that differs from the rest.")
     sd = steps_mod.measured_steps(events, info.get("rank_map"))
+    step_energy = [(p["step"], p["energy_j"]) for p in summ.get("per_step") or [] if p.get("energy_j") is not None]
+    if step_energy:
+        rep.h("Energy per step")
+        rep.figure("step_energy", lambda: F.step_energy([s for s, _ in step_energy], [e for _, e in step_energy],
+                                                        f"{name}: energy per measured step"),
+                   "Energy of each measured step: the integral of the summed power of every device over the "
+                   "step window (devices that did not report in a sample period leave it out).")
     rep.h("Step time")
     if sd is not None:
         rep.figure("step_time", lambda: F.step_distribution(sd.step_time_s, sd.rank_step_s, sd.ranks,

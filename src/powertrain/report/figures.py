@@ -83,6 +83,37 @@ def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_m
     return fig
 
 
+def device_heatmap(labels: Sequence[str], secs: np.ndarray, matrix: np.ndarray, title: str, unit: str) -> Figure:
+    """Devices × time, coloured by value: every device of a large run on one figure."""
+    fig, ax = plt.subplots(figsize=(10, min(1.6 + 0.13 * len(labels), 11)))
+    im = ax.imshow(matrix, aspect="auto", cmap="inferno", interpolation="nearest",
+                   extent=(float(secs[0]), float(secs[-1]), len(labels) - 0.5, -0.5))
+    ax.set_yticks(range(len(labels)), list(labels), fontsize=5 if len(labels) > 40 else 7)
+    ax.set_xlabel("time since run start (s)")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label=unit)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def step_energy(steps: Sequence[int], energy_j: Sequence[float], title: str) -> Figure:
+    """Energy of each measured step, with its mean."""
+    e = np.asarray(energy_j, dtype=float)
+    top = float(np.nanmax(e)) if e.size else 0.0
+    unit, scale = ("MJ", 1e6) if top >= 1e6 else ("kJ", 1e3) if top >= 1e3 else ("J", 1.0)
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    ax.plot(list(steps), e / scale, marker=".", lw=0.8, color="#2b7bba")
+    mean = float(np.nanmean(e)) / scale
+    ax.axhline(mean, ls="--", color="k", lw=0.8, label=f"mean {mean:.3g} {unit} per step")
+    ax.set_xlabel("measured step")
+    ax.set_ylabel(f"energy per step ({unit})")
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
 def step_distribution(step_times: np.ndarray, rank_step_s: np.ndarray, ranks: Sequence[int], title: str) -> Figure:
     """Histogram of step times (slowest rank per step) and a box per rank."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
