@@ -12,6 +12,7 @@ import datetime as dt
 import html
 import io
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,7 @@ def _timeline_series(run_path: Path, fields_supported: list[str]
                  + ", ".join(f"avg({f}) AS {f}" for f in present)
                  + " FROM tel GROUP BY host, device, b ORDER BY host, device, b")
             t = con.sql(q).to_arrow_table()
-            keys = sorted(set(zip(t["host"].to_pylist(), t["device"].to_pylist(), strict=True)))
+            keys = sorted(set(zip(t["host"].to_pylist(), t["device"].to_pylist(), strict=True)), key=_natural)
             hosts = t["host"].to_numpy(zero_copy_only=False)
             devs = t["device"].to_numpy(zero_copy_only=False)
             secs = t["b"].to_numpy() * bucket / 1e9
@@ -209,6 +210,11 @@ def _timeline_series(run_path: Path, fields_supported: list[str]
     finally:
         tel.release(con)
         con.close()
+
+
+def _natural(key: tuple[str, str]) -> list[Any]:
+    """node_2 before node_10, gpu2 before gpu10."""
+    return [int(tok) if tok.isdigit() else tok for part in key for tok in re.split(r"(\d+)", part)]
 
 
 def _power_matrix(keys: list[tuple[str, str]], hosts: np.ndarray, devs: np.ndarray, buckets: np.ndarray,
