@@ -49,7 +49,7 @@ def predict_cmd(
 
     Examples:
 
-      powertrain predict examples/llama3-70b.yaml --profile default
+      powertrain predict examples/study-h200-parallelism.yaml --profile default
 
       powertrain predict sweep.yaml --out results/predicted
 
