@@ -125,3 +125,26 @@ def test_cli_errors_name_the_fix(tmp_path) -> None:
     assert res.exit_code == 2 and "run directory" in res.output
     res = runner.invoke(app, ["predict", "--profile", "no-such-profile", "--study"])
     assert res.exit_code == 2 and "powertrain calibrate" in res.output
+
+
+def test_host_cpu_ranks_split_the_cores_and_gloo_pays_per_collective_call() -> None:
+    import os
+    from dataclasses import replace
+
+    from powertrain.hardware import get_device
+    from powertrain.predict.profile import Coefficients
+    from powertrain.predict.steptime import step_time
+
+    one, two = case_from_run_config(LAYOUTS["dp1"]), case_from_run_config(LAYOUTS["dp2"])
+    # two ranks share the all-core matmul rate; each keeps the (one-thread) copy bandwidth while
+    # there are cores for both
+    assert two.device.peak("fp32") == pytest.approx(one.device.peak("fp32") / 2)
+    assert two.device.memory_bw == pytest.approx(one.device.memory_bw * min(1.0, (os.cpu_count() or 1) / 2))
+    c = Coefficients()
+    tp, sp = case_from_run_config(LAYOUTS["tp2"]), case_from_run_config(LAYOUTS["tp2-sp"])
+    # SP's all-gather + reduce-scatter move what one all-reduce moves, but on gloo each call pays a
+    # rendezvous: twice the calls cost more; on a GPU link (NCCL) the two are the same
+    assert step_time(sp, c).breakdown["tp_comm_exposed_s"] > step_time(tp, c).breakdown["tp_comm_exposed_s"]
+    gpu = get_device("h100-sxm")
+    assert step_time(replace(sp, device=gpu), c).breakdown["tp_comm_exposed_s"] == pytest.approx(
+        step_time(replace(tp, device=gpu), c).breakdown["tp_comm_exposed_s"])

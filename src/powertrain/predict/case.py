@@ -14,6 +14,7 @@ one NVLink domain (a node, or 72 GPUs of an NVL72 rack). So TP groups stay insid
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from powertrain.hardware import DeviceSpec, get_device
@@ -118,9 +119,13 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
     ov = k.overlap
     dev = device or get_device(hw.device)
     if dev.measured and hw.devices_per_node > 1:
-        # ranks on one host CPU share its cores and memory bandwidth
         n = hw.devices_per_node
-        dev = replace(dev, peak_flops={k: v / n for k, v in dev.peak_flops.items()}, memory_bw=dev.memory_bw / n)
+        # ranks on one host CPU split its cores: the all-core matmul probe's FLOP/s divide among them.
+        # The copy probe is one thread's bandwidth, and a rank's elementwise ops on small tensors run
+        # on one thread, so each rank keeps it until the ranks outnumber the cores.
+        cores = os.cpu_count() or 1
+        dev = replace(dev, peak_flops={k: v / n for k, v in dev.peak_flops.items()},
+                      memory_bw=dev.memory_bw * min(1.0, cores / n))
     return Case(
         layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,

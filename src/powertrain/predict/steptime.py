@@ -37,8 +37,11 @@ from powertrain.predict.flops import Shape, layer_flops_per_token, parameter_cou
 from powertrain.predict.memory import rank_layers
 from powertrain.predict.profile import Coefficients
 
-OPT_BYTES_PER_PARAM = 32.0
-_ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
+OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
+_ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element
+# Latencies a gloo collective call pays on top of its ring steps on a host CPU: the rendezvous
+# round trip (announce, wait for the peer) before any data moves.
+GLOO_CALL_LATENCIES = 2.0
 
 
 @dataclass(slots=True)
@@ -142,6 +145,10 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     if tp > 1:
         bw, lat = _link(case, c, 1, tp)
         t_tp_f = 2 * _ring(ab * n_tok * h, tp, bw, lat)
+        if dev.measured:
+            # gloo on a host CPU: each collective call also pays a rendezvous round trip, and sequence
+            # parallelism makes twice the calls (all-gather + reduce-scatter for each all-reduce)
+            t_tp_f += 2 * (2 if sp else 1) * GLOO_CALL_LATENCIES * lat
         if case.overlap_tp:
             t_tp_f *= c.tp_overlap_exposed
     t_a2a_f = 0.0
