@@ -53,6 +53,16 @@ class MonitorError(RuntimeError):
     """The monitor could not start (bad output folder, sampler failed to come up)."""
 
 
+def wait_for_shared_file(path: Path, timeout_s: float, what: str) -> None:
+    """Wait for a file another process (possibly on another node) writes into the run directory."""
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise MonitorError(f"{path}: {what} did not appear within {timeout_s:.0f} s "
+                               "(shared filesystem assumed: is --out on a folder every node sees?)")
+        time.sleep(0.05)
+
+
 def _iso(t_ns: int | None) -> str | None:
     if t_ns is None:
         return None
@@ -179,12 +189,7 @@ class Monitor:
         """Join a run that another process created (``run.json`` exists or appears within
         ``timeout_s``): start only this host's sampler, write no ``run.json``. For the first process of
         every other node of a multi-node job; the run's owner collects every host's sampler meta."""
-        deadline = time.monotonic() + timeout_s
-        while not self.run.exists():
-            if time.monotonic() > deadline:
-                raise MonitorError(f"{self.run.path}: no run.json appeared within {timeout_s:.0f} s; the "
-                                   "run's first process did not start (shared filesystem assumed)")
-            time.sleep(0.05)
+        wait_for_shared_file(self.run.run_json, timeout_s, "the run's run.json (its first process did not start)")
         self.info = read_json(self.run.run_json)
         self._attached = True
         self._start_sampler()
@@ -484,12 +489,7 @@ def run_task_command(
     elif localid == 0:
         mon = Monitor(out, rate_hz=rate_hz, backends=backends, prometheus=prometheus).attach(task_wait_s)
     else:
-        deadline = time.monotonic() + task_wait_s
-        while not run.exists():
-            if time.monotonic() > deadline:
-                raise MonitorError(f"{run.path}: task 0 did not create the run within {task_wait_s:.0f} s "
-                                   "(is --out on a filesystem every node shares?)")
-            time.sleep(0.05)
+        wait_for_shared_file(run.run_json, task_wait_s, "the run.json of task 0")
     try:
         code, received = _supervise(argv, run, mon, f"task-{procid}", echo=echo, on_output=on_output, env=env)
     except OSError as exc:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from powertrain import hooks
-from powertrain.monitor import Monitor, MonitorError, _wait_node_samplers
+from powertrain.monitor import Monitor, _wait_node_samplers, wait_for_shared_file
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
@@ -155,15 +155,6 @@ def _node_record(run: RunDir, node_rank: int, kind: str = "") -> Path:
     return run.logs_dir / f"node-{node_rank}{kind}.json"
 
 
-def _wait_file(path: Path, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise MonitorError(f"{path}: {what} did not appear within {timeout_s:.0f} s "
-                               "(shared filesystem assumed: is --out on a folder every node sees?)")
-        time.sleep(0.05)
-
-
 def _wait_nodes(run: RunDir, nnodes: int, timeout_s: float) -> dict[int, dict[str, Any]]:
     """Exit records of nodes 1…nnodes-1, waiting up to ``timeout_s`` for the missing ones."""
     deadline = time.monotonic() + timeout_s
@@ -266,7 +257,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     record: dict[str, Any] = {"node_rank": node_rank, "host": host, "exit_code": None}
     try:
         write_json_atomic(_node_record(mon.run, node_rank), {"node_rank": node_rank, "host": host, "pid": os.getpid()})
-        _wait_file(spec_path, 60.0, "node 0's spec.json")
+        wait_for_shared_file(spec_path, 60.0, "node 0's spec.json")
         status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
         record.update(status=status, reason=reason, exit_code=code,
                       **{k: mon.info[k] for k in ("failed_rank", "error", "error_tail") if k in mon.info})
