@@ -69,3 +69,36 @@ def test_run_vs_sweep_is_an_error(two_runs, tmp_path):
     sweep = synthetic.write_sweep(tmp_path / "s")
     result = CliRunner().invoke(app, ["compare", str(a), str(sweep)])
     assert result.exit_code == 2 and "two run directories or two sweep folders" in result.output
+
+
+def test_sweeps_hide_metrics_null_on_both_sides_unless_all(tmp_path):
+    sa = synthetic.write_sweep(tmp_path / "sa")
+    sb = tmp_path / "sb"
+    shutil.copytree(sa, sb)
+    res = compare(sa, sb)
+    rejected = next(p for p in res["pairs"] if p["id_a"] == "bad-heads")
+    assert rejected["rows"] == []  # a rejected run has no metric on either side
+    ok = next(p for p in res["pairs"] if p["id_a"] == "tp1pp1")
+    assert {r["metric"] for r in ok["rows"]} >= {"step_time_mean_s", "power_mean_w"}
+    full = compare(sa, sb, keep_null=True)
+    rejected_all = next(p for p in full["pairs"] if p["id_a"] == "bad-heads")
+    assert {r["metric"] for r in rejected_all["rows"]} >= {"step_time_mean_s", "power_mean_w"}
+    assert all(r["a"] is None and r["b"] is None for r in rejected_all["rows"])
+
+    short = CliRunner().invoke(app, ["compare", str(sa), str(sb)])
+    assert short.exit_code == 0, short.output
+    assert "(no metric on either side)" in short.output  # the pair stays visible, its null rows do not
+    assert "hidden" in short.output and "--all" in short.output
+    longer = CliRunner().invoke(app, ["compare", str(sa), str(sb), "--all"])
+    assert longer.exit_code == 0, longer.output
+    assert "(no metric on either side)" not in longer.output
+    assert longer.output.count("\n") > short.output.count("\n")
+
+
+def test_runs_hidden_metrics_are_counted(two_runs):
+    a, b = two_runs
+    result = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    assert "null on both sides hidden" in result.output
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--all"])
+    assert "pcie_bytes_per_step" in result.output and "hidden" not in result.output

@@ -57,7 +57,10 @@ def compare_runs(a: str | Path, b: str | Path, keep_null: bool = False) -> dict[
     }
 
 
-def compare_sweeps(a: str | Path, b: str | Path, metrics: tuple[str, ...] = SWEEP_KEY_METRICS) -> dict[str, Any]:
+def compare_sweeps(a: str | Path, b: str | Path, metrics: tuple[str, ...] = SWEEP_KEY_METRICS,
+                   keep_null: bool = False) -> dict[str, Any]:
+    """Pair the runs of two sweeps; each pair's rows leave out metrics null on both sides unless
+    ``keep_null`` (a CPU sweep has no power or temperature: listing them per run only adds noise)."""
     ra, _ = load_sweep(a)
     rb, _ = load_sweep(b)
     by_id = {r["id"]: r for r in rb}
@@ -69,18 +72,20 @@ def compare_sweeps(a: str | Path, b: str | Path, metrics: tuple[str, ...] = SWEE
             used.add(other["id"])
             pairs.append({"id_a": r["id"], "id_b": other["id"], "model": r.get("model"), "label": r["label"],
                           "status_a": r["status"], "status_b": other["status"], "kind_a": r["kind"],
-                          "kind_b": other["kind"], "rows": compare_metrics(r, other, list(metrics), keep_null=True)})
+                          "kind_b": other["kind"], "rows": compare_metrics(r, other, list(metrics), keep_null=keep_null)})
     return {"a": str(a), "b": str(b), "pairs": pairs,
             "only_a": [r["id"] for r in ra if r["id"] not in {p["id_a"] for p in pairs}],
             "only_b": [r["id"] for r in rb if r["id"] not in used]}
 
 
 def compare(a: str | Path, b: str | Path, keep_null: bool = False) -> dict[str, Any]:
-    """Compare two runs or two sweeps (``kind`` says which); mixing a run and a sweep is an error."""
+    """Compare two runs or two sweeps (``kind`` says which); mixing a run and a sweep is an error.
+
+    Metrics null on both sides are left out unless ``keep_null``."""
     sa, sb = is_sweep_dir(a), is_sweep_dir(b)
     if sa != sb:
         raise ValueError(f"cannot compare a {'sweep' if sa else 'run'} ({a}) with a {'sweep' if sb else 'run'} ({b}): "
                          "give two run directories or two sweep folders")
     if sa:
-        return {"kind": "sweeps", **compare_sweeps(a, b)}
+        return {"kind": "sweeps", **compare_sweeps(a, b, keep_null=keep_null)}
     return {"kind": "runs", **compare_runs(a, b, keep_null=keep_null)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,8 @@ from rich.table import Table
 from powertrain.analyze import format_value
 from powertrain.cli import app
 
-out = Console(soft_wrap=True)
+# Piped into a file (`| tee`), rich would fold the table to 80 columns; keep it readable there too.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -26,6 +28,13 @@ def _side(meta: dict) -> str:
     return f"{meta.get('run')} ({tag}, {meta.get('status')})"
 
 
+def _hidden_line(n: int, per_pair: bool = False) -> None:
+    if n > 0:
+        where = " (summed over the run pairs)" if per_pair else ""
+        out.print(f"{n} metric value(s) null on both sides hidden{where} — not measured or not predicted "
+                  "there; --all lists them")
+
+
 @app.command()
 def compare(
     a: Annotated[Path, typer.Argument(help="Run directory or sweep folder A (the baseline).")],
@@ -34,8 +43,22 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
     """Side-by-side metrics of two runs — measured or predicted — or of two sweeps (matched run by run),
-    with the ratio B/A and which side is better. Predictions are labelled."""
+    with the ratio B/A and which side is better. Predictions are labelled.
+
+    Metrics null on both sides (e.g. power on a machine without power sensors) are left out and
+    counted in one line; --all lists them.
+
+    Examples:
+
+      powertrain compare runs/dp2 runs/dp2-predicted
+
+      powertrain compare results/cpu-sweep results/cpu-sweep-predicted
+
+      powertrain compare runs/a runs/b --all --json > a-vs-b.json
+    """
+    from powertrain.analyze.compare import SWEEP_KEY_METRICS
     from powertrain.analyze.compare import compare as do_compare
+    from powertrain.analyze.metrics import METRICS
 
     for p in (a, b):
         if not p.exists():
@@ -57,6 +80,8 @@ def compare(
             t.add_row(r["metric"], format_value(r["metric"], r["a"]), format_value(r["metric"], r["b"]),
                       _ratio(r["ratio"]), r["better"])
         out.print(t)
+        if not all_metrics:
+            _hidden_line(len(METRICS) - len(res["rows"]))
         return
     t = Table(title=f"A = {res['a']}\nB = {res['b']}", header_style="bold")
     for col, just in (("run", "left"), ("status A / B", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
@@ -68,10 +93,14 @@ def compare(
         if "prediction" in kinds:
             name += f"\n({p['kind_a']} / {p['kind_b']})"
         status = f"{p['status_a']} / {p['status_b']}"
+        if not p["rows"]:  # e.g. a rejected run on both sides: keep the pair visible
+            t.add_row(name, status, "(no metric on either side)", "—", "—", "—", "", end_section=True)
         for i, r in enumerate(p["rows"]):
             t.add_row(name if i == 0 else "", status if i == 0 else "", r["metric"], format_value(r["metric"], r["a"]),
                       format_value(r["metric"], r["b"]), _ratio(r["ratio"]), r["better"],
                       end_section=i == len(p["rows"]) - 1)
     out.print(t)
+    if not all_metrics:
+        _hidden_line(sum(len(SWEEP_KEY_METRICS) - len(p["rows"]) for p in res["pairs"]), per_pair=True)
     if res["only_a"] or res["only_b"]:
         out.print(f"only in A: {', '.join(res['only_a']) or '—'}; only in B: {', '.join(res['only_b']) or '—'}")

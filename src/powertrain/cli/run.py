@@ -15,7 +15,27 @@ from powertrain.monitor import MonitorError
 from powertrain.spec.run import load_run_config
 from powertrain.spec.validate import validate
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one message, one line (terminals wrap it)
+
+# Keys only a sweep spec has (a RunConfig forbids them): their presence means the user meant `sweep`.
+_SWEEP_KEYS = ("base", "grid", "variants", "launch")
+
+
+def _sweep_spec_error(spec: Path) -> str | None:
+    """One line naming the right command when SPEC is a sweep spec, instead of pydantic's dump."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(spec.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # load_run_config reports missing files and bad YAML itself
+    if not isinstance(raw, dict):
+        return None
+    keys = [k for k in _SWEEP_KEYS if k in raw]
+    if not keys:
+        return None
+    return (f"{spec} is a sweep spec (it has {', '.join(keys)}); use `powertrain plan {spec}` to check it "
+            f"and `powertrain sweep {spec}` to run it")
 
 
 def _step_summary(run_dir: Path) -> str | None:
@@ -69,8 +89,18 @@ def run(
     devices_per_node + local rank). Under `srun --ntasks-per-node=1` the node options come from
     Slurm; elsewhere pass --nnodes, --node-rank, --master-addr and --master-port on each node.
 
-    Example:  powertrain run examples/run-gpt-tp2-sp.yaml --out runs/tp2
+    Examples:
+
+      powertrain run examples/run-llama-dp2.yaml --out runs/dp2
+
+      powertrain run examples/run-gpt-tp2-sp.yaml --check
+
+    A sweep spec (base + grid) is run with `powertrain sweep`, not `run`.
     """
+    sweep_error = _sweep_spec_error(spec) if spec.is_file() else None
+    if sweep_error:
+        err.print(f"[red]error:[/] {escape(sweep_error)}")
+        raise typer.Exit(2)
     try:
         cfg = load_run_config(spec)
     except (FileNotFoundError, ValueError) as exc:
