@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -13,25 +15,89 @@ from powertrain.analyze import format_value, is_sweep_dir, load_summary, summari
 from powertrain.analyze.metrics import METRICS
 from powertrain.cli import app
 
-out = Console(soft_wrap=True)
+# Piped or captured, rich would fold the table to 80 columns; keep run ids whole there too.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def print_run_summary(summ: dict, console: Console = out) -> None:
+def _null_line(metrics: dict, why: dict) -> str | None:
+    """One line for every metric without a value: how many, and the commonest reasons."""
+    null = [m.name for m in METRICS if m.name in metrics and metrics[m.name] is None]
+    if not null:
+        return None
+    reasons = Counter(why.get(n) or "no reason recorded" for n in null)
+    top = "; ".join(f"{c} × {r}" for r, c in reasons.most_common(3))
+    more = f"; {len(reasons) - 3} other reason(s)" if len(reasons) > 3 else ""
+    return (f"{len(null)} metrics have no value here ({top}{more}) — summary.json says why for each; "
+            "--all lists them")
+
+
+def _per_node(summ: dict, console: Console) -> None:
+    """Several nodes: each node's mean power and energy, and the spread between them."""
+    nodes = [n for n in summ.get("per_node") or [] if n.get("power_sum_mean_w") is not None]
+    if len(nodes) < 2:
+        return
+    powers = [n["power_sum_mean_w"] for n in nodes]
+    lo, hi = min(powers), max(powers)
+    console.print(f"{len(nodes)} nodes: mean power {format_value('power_mean_w', lo)} … "
+                  f"{format_value('power_mean_w', hi)} (spread {(hi - lo) / lo:.1%} of the lowest)")
+    if len(nodes) > 16:  # a table per node stops being readable; the report has the heatmap
+        return
+    table = Table(show_header=True, header_style="bold")
+    for col in ("node", "devices", "mean power", "energy"):
+        table.add_column(col, justify="left" if col == "node" else "right")
+    for n in nodes:
+        table.add_row(str(n.get("host")), str(n.get("devices")), format_value("power_mean_w", n["power_sum_mean_w"]),
+                      format_value("energy_j", n.get("energy_j")))
+    console.print(table)
+
+
+def print_run_summary(summ: dict, console: Console = out, show_all: bool = False) -> None:
+    """The metrics that have a value (all of them, with why null, when ``show_all``)."""
     label = "PREDICTION" if summ.get("kind") == "prediction" else "measured"
     console.print(f"[bold]{summ.get('run')}[/] ({label}) status [bold]{summ.get('status')}[/]")
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_column("why null / definition", overflow="fold")
+    if show_all:
+        table.add_column("why null", overflow="fold")
     metrics = summ.get("metrics") or {}
     why = summ.get("why_null") or {}
     for m in METRICS:
         if m.name not in metrics:
             continue
         v = metrics[m.name]
-        table.add_row(m.name, format_value(m.name, v), why.get(m.name, "") if v is None else "")
-    console.print(table)
+        if v is None and not show_all:
+            continue
+        row = [m.name, format_value(m.name, v)]
+        table.add_row(*row, *([why.get(m.name, "") if v is None else ""] if show_all else []))
+    if table.row_count:
+        console.print(table)
+    else:
+        console.print("no metric has a value for this run")
+    _per_node(summ, console)
+    line = None if show_all else _null_line(metrics, why)
+    if line:
+        console.print(line, style="dim")
+
+
+_SWEEP_COLS = ("step_time_mean_s", "tokens_per_s", "mfu", "power_mean_w", "temp_peak_c", "j_per_token")
+
+
+def print_sweep_table(rows: list[dict], console: Console = out, show_all: bool = False) -> None:
+    """One line per run; columns null in every run are left out and named in one line."""
+    cols = [c for c in _SWEEP_COLS if show_all or any(r.get(c) is not None for r in rows)]
+    t = Table(show_header=True, header_style="bold")
+    for col in ("id", "status", *cols):
+        t.add_column(col, justify="left" if col in ("id", "status") else "right")
+    for r in rows:
+        status = str(r["status"]) + (" (PREDICTION)" if r.get("kind") == "prediction" else "")
+        t.add_row(str(r["id"]), status, *[format_value(c, r.get(c)) for c in cols])
+    console.print(t)
+    hidden = [c for c in _SWEEP_COLS if c not in cols]
+    if hidden:
+        console.print(f"{', '.join(hidden)}: null in every run (not measured or not predicted) — --all shows these columns",
+                      style="dim")
 
 
 @app.command()
@@ -39,11 +105,21 @@ def summarize(
     path: Annotated[Path, typer.Argument(help="A run directory (with run.json) or a sweep folder.")],
     refresh: Annotated[bool, typer.Option("--refresh", help="Recompute even where summary.json is current.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Write the files, print only their paths.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list metrics without a value, with the reason.")] = False,
 ) -> None:
     """Compute the metrics of a run (writes [bold]summary.json[/]) or of every run of a sweep (writes
     each run's summary.json and the sweep table [bold]summary.parquet[/], one row per run).
 
-    Every metric is defined in docs/metrics.md; a metric without data is null and says why.
+    Every metric is defined in docs/metrics.md. Only metrics with a value are printed, then one
+    line counting the null ones and why (e.g. no power sensor on a CPU machine); --all lists them.
+
+    Examples:
+
+      powertrain summarize runs/dp2
+
+      powertrain summarize results/cpu-sweep --refresh
+
+      powertrain summarize runs/dp2 --all
     """
     if not path.exists():
         err.print(f"[red]error:[/] {path} does not exist")
@@ -53,20 +129,12 @@ def summarize(
             with err.status(f"summarizing the runs of {path} …"):
                 table = summarize_sweep(path, refresh=refresh)
             if not quiet:
-                t = Table(show_header=True, header_style="bold")
-                for col in ("id", "status", "step_time_mean_s", "tokens_per_s", "power_mean_w", "temp_peak_c",
-                            "j_per_token"):
-                    t.add_column(col)
-                for r in table.to_pylist():
-                    t.add_row(r["id"], r["status"], *[format_value(c, r.get(c)) for c in
-                                                      ("step_time_mean_s", "tokens_per_s", "power_mean_w",
-                                                       "temp_peak_c", "j_per_token")])
-                out.print(t)
+                print_sweep_table(table.to_pylist(), show_all=show_all)
             out.print(str(path / "summary.parquet"))
         else:
             summ = load_summary(path, refresh=refresh)
             if not quiet:
-                print_run_summary(summ)
+                print_run_summary(summ, show_all=show_all)
             out.print(str(path / "summary.json"))
     except FileNotFoundError as exc:
         err.print(f"[red]error:[/] {exc}")
