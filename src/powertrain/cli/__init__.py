@@ -13,7 +13,9 @@ app = typer.Typer(
         "Measure, explain and predict the power, performance and thermal behaviour of distributed "
         "LLM training.\n\n"
         "Start with `powertrain monitor -- COMMAND` to sample every device of this node while a "
-        "command runs."
+        "command runs, e.g.\n\n"
+        "  powertrain monitor --out runs/loop -- python examples/cpu_train_loop.py --steps 30\n\n"
+        "Every command's --help shows an example."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -29,6 +29,12 @@ def report(
     temperature / power / SM-clock figures grouped by model (failed, OOM, rejected and not-run runs
     marked apart), configuration × device-slot heatmaps, per-stage time breakdowns, throughput vs
     J/token with the Pareto front, and power and thermal rankings. Predictions are labelled as such.
+
+    Examples:
+
+      powertrain report results/cpu-sweep
+
+      powertrain report runs/dp2 --out out/dp2-report --formats png
     """
     from powertrain.report import build_report
 

@@ -25,6 +25,10 @@ def trace(
     """Write a Chrome/Perfetto trace: one counter track per device and measured field (power,
     temperature, clocks, …; counters as rates), one slice track per rank (steps and their phases),
     all on one time base. Open it at [bold]https://ui.perfetto.dev[/] or chrome://tracing.
+
+    Example:
+
+      powertrain trace runs/dp2 -o out/dp2-trace.json
     """
     from powertrain.trace import export_trace
 
