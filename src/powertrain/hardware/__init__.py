@@ -4,7 +4,15 @@ One source of truth for peak FLOP/s per precision, memory, bandwidths, power and
 The catalog is data (``catalog.yaml`` next to this file, every value with its ``source:``); users
 add or override devices with their own YAML files of the same shape (``load_catalog(extra=...)``
 or ``$POWERTRAIN_HARDWARE``, colon-separated paths). The ``cpu`` entry is not looked up but
-measured on the spot by a short matmul probe and labelled ``measured``.
+measured by a host probe (:func:`probe_host`) and labelled ``measured``.
+
+**The host probe** (:class:`HostProbe`) times fp32 matmuls and a memory copy with the thread count
+the training ranks use (:func:`rank_threads`: ``OMP_NUM_THREADS``, else torchrun's 1 per rank when
+a node runs several ranks, else torch's default) and keeps the best of several short repeats, so
+background load on a shared host reads as little as it can. A probe is still a measurement of a
+moment: the launcher records the one it took in ``run.json["host_probe"]``, a calibration profile
+keeps the probes it was fitted with, and predictions and summaries reuse those rather than probe
+again (``HostProbe.source`` says which one a number came from).
 
 Conventions: FLOP/s are dense (no structured sparsity); bandwidths are per device per direction.
 """
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -26,6 +35,40 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 _FALLBACK = {"fp4": ("fp4", "fp8", "bf16", "fp16", "fp32"), "fp8": ("fp8", "bf16", "fp16", "fp32"),
              "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"),
              "fp32": ("fp32",)}
+
+
+@dataclass(frozen=True, slots=True)
+class HostProbe:
+    """What one host CPU did in a short probe, with the thread count it was pinned to.
+
+    ``matmul_flops``: fp32 matmul FLOP/s with ``threads`` threads (best of the repeats);
+    ``copy_bytes_per_s``: bytes read + written per second by a large tensor copy, same threads;
+    ``cores``: the cores this process could run on; ``method``: how it was measured;
+    ``source``: where this value came from now (a fresh probe, a run's ``run.json``, a profile).
+    """
+
+    matmul_flops: float
+    copy_bytes_per_s: float
+    threads: int
+    cores: int
+    method: str
+    source: str = "fresh probe of this host"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record written to ``run.json["host_probe"]`` and to calibration profiles."""
+        return {"matmul_flops": self.matmul_flops, "copy_bytes_per_s": self.copy_bytes_per_s,
+                "threads": self.threads, "cores": self.cores, "method": self.method}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], source: str) -> HostProbe:
+        """A recorded probe; raises ``ValueError`` naming the missing key."""
+        try:
+            return cls(matmul_flops=float(raw["matmul_flops"]), copy_bytes_per_s=float(raw["copy_bytes_per_s"]),
+                       threads=int(raw["threads"]), cores=int(raw["cores"]), method=str(raw.get("method", "")),
+                       source=source)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: host probe record is incomplete ({exc}); it needs matmul_flops, "
+                             "copy_bytes_per_s, threads and cores") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +125,12 @@ class DeviceSpec:
     note: str = ""
     measured: bool = False
     aliases: tuple[str, ...] = field(default=())
+    probe: HostProbe | None = None  # the host probe a measured (CPU) device was built from
+
+    @property
+    def is_host_cpu(self) -> bool:
+        """A host CPU standing in for a device (no CUDA context, no power or temperature sensor)."""
+        return self.vendor == "host"
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for ``precision``; falls back to the nearest wider format the device has.
@@ -186,9 +235,14 @@ def _norm(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
+def is_cpu_name(name: str | None) -> bool:
+    """Whether a device name means the host CPU (case and punctuation ignored)."""
+    return bool(name) and _norm(str(name)) == "cpu"
+
+
 def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> DeviceSpec:
     """A device by catalog name or alias (case and punctuation ignored); ``cpu`` is measured here."""
-    if _norm(name) == "cpu":
+    if is_cpu_name(name):
         return measure_cpu()
     cat = catalog if catalog is not None else _default_catalog()
     if name in cat:
@@ -203,49 +257,130 @@ def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> Devic
     )
 
 
-@cache
-def measure_cpu(seconds: float = 0.3) -> DeviceSpec:
-    """This machine's CPU as a device, from a short fp32 matmul probe and a memory-copy probe.
+PROBE_MATMUL_N = 1024  # fp32 n×n matmul: ~2 GFLOP, tens of ms on one core
+PROBE_COPY_ELEMS = 8 * 1024 * 1024  # 32 MiB of fp32: larger than any last-level cache it will meet
+PROBE_REPEATS = 7
 
-    Peak FLOP/s is the best of a few 512×512 fp32 matmuls (numpy's BLAS, all cores); memory
-    bandwidth is the best of a few 64 MB copies. Power and temperature values are placeholders the
-    host cannot measure here (no RAPL): ``tdp_w`` is a nominal 15 W per core and is labelled so.
+
+def host_cores() -> int:
+    """Cores this process may run on (its CPU affinity: a container's share, not the whole host)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API (macOS): all cores
+        return os.cpu_count() or 1
+
+
+def rank_threads(ranks_per_node: int, environ: Mapping[str, str] | None = None) -> int:
+    """Intra-op threads each training rank uses, as torchrun sets them up.
+
+    ``OMP_NUM_THREADS`` when set (torch reads it at start); otherwise torchrun sets it to 1 for
+    every rank when a node runs more than one rank, and a lone rank gets torch's default (the
+    host's physical cores as torch counts them).
     """
-    import numpy as np
+    env = os.environ if environ is None else environ
+    raw = env.get("OMP_NUM_THREADS")
+    if raw is not None and raw.strip().isdigit() and int(raw) > 0:
+        return int(raw)
+    if raw is None and ranks_per_node > 1:
+        return 1  # torchrun's default for several ranks per node
+    try:
+        import torch
+    except ImportError:
+        return host_cores()
+    return int(torch.get_num_threads())
 
-    n = 512
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+
+def _best_time(fn: Any, repeats: int) -> float:
+    fn()  # warm: thread pool, caches, page faults
     best = float("inf")
-    t_end = time.perf_counter() + seconds / 2
-    while True:
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        a @ a
+        fn()
         best = min(best, time.perf_counter() - t0)
-        if time.perf_counter() > t_end:
-            break
-    flops = 2 * n**3 / best
-    src = np.ones(8 * 1024 * 1024)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # touch the pages once so the probe times copying, not page faults
-    bw_best = float("inf")
-    t_end = time.perf_counter() + seconds / 2
-    while True:
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        bw_best = min(bw_best, time.perf_counter() - t0)
-        if time.perf_counter() > t_end:
-            break
-    bw = 2 * src.nbytes / bw_best
-    cores = os.cpu_count() or 1
+    return best
+
+
+def measure_host_probe(threads: int, repeats: int = PROBE_REPEATS) -> HostProbe:
+    """Probe this host's CPU with ``threads`` threads now: best of ``repeats`` fp32 matmuls and copies.
+
+    Uses torch (what the training ranks run) with its intra-op threads pinned to ``threads`` for
+    the probe and restored after. Without torch it falls back to numpy, whose BLAS thread count it
+    cannot pin; ``method`` says so. About 0.1–0.5 s.
+    """
+    if threads < 1:
+        raise ValueError(f"host probe needs at least one thread, got {threads}")
+    n = PROBE_MATMUL_N
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    if torch is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            g = torch.Generator().manual_seed(0)
+            a = torch.randn(n, n, generator=g)
+            b = torch.randn(n, n, generator=g)
+            c = torch.empty(n, n)
+            mm = _best_time(lambda: torch.mm(a, b, out=c), repeats)
+            src = torch.ones(PROBE_COPY_ELEMS)
+            dst = torch.empty_like(src)
+            cp = _best_time(lambda: dst.copy_(src), repeats)
+            nbytes = src.numel() * src.element_size()
+        finally:
+            torch.set_num_threads(before)
+        method = (f"torch {torch.__version__} fp32 {n}x{n} matmul and {nbytes >> 20} MiB copy, "
+                  f"{threads} thread(s), best of {repeats}")
+    else:
+        import numpy as np
+
+        a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+        mm = _best_time(lambda: a @ a, repeats)
+        src = np.ones(PROBE_COPY_ELEMS, dtype=np.float32)
+        dst = np.empty_like(src)
+        cp = _best_time(lambda: np.copyto(dst, src), repeats)
+        nbytes = src.nbytes
+        method = (f"numpy fp32 {n}x{n} matmul (BLAS threads not pinned: torch is not installed) and "
+                  f"{nbytes >> 20} MiB copy (one thread), best of {repeats}")
+    return HostProbe(matmul_flops=2.0 * n**3 / mm, copy_bytes_per_s=2.0 * nbytes / cp, threads=threads,
+                     cores=host_cores(), method=method)
+
+
+@cache
+def probe_host(threads: int) -> HostProbe:
+    """:func:`measure_host_probe`, once per thread count for the life of the process."""
+    return measure_host_probe(threads)
+
+
+def record_host_probe(ranks_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A fresh probe pinned to the threads a run's ranks will use, as ``run.json["host_probe"]``.
+
+    The launcher calls this for a CPU run before its ranks start; ``environ`` is the ranks' environment.
+    """
+    probe = measure_host_probe(rank_threads(ranks_per_node, environ))
+    return {**probe.to_dict(), "t_ns": time.time_ns(), "by": "launcher, before the ranks started"}
+
+
+def cpu_device(probe: HostProbe, ranks_per_node: int = 1) -> DeviceSpec:
+    """One training rank's share of a probed host CPU, as a device.
+
+    Each rank runs ``probe.threads`` threads; while the ranks' threads fit in the cores every rank
+    gets the probe's rates, beyond that they share the cores evenly. Power and temperature values
+    are placeholders the host cannot measure (no sensor): ``tdp_w`` is a nominal 15 W per core.
+    """
+    ranks = max(1, ranks_per_node)
+    share = min(1.0, probe.cores / (ranks * probe.threads))
+    flops = probe.matmul_flops * share
+    bw = probe.copy_bytes_per_s * share
     try:
         import psutil
 
-        mem = float(psutil.virtual_memory().total)
+        mem = float(psutil.virtual_memory().total) / ranks
     except Exception:  # psutil is a core dependency; this only guards odd containers
-        mem = 8e9
-    tdp = 15.0 * cores
-    node = NodeSpec(devices_per_node=1, intra_node_bw=bw / 4, intra_node_latency=20e-6, nic_count=1,
-                    nic_bw=10e9 / 8, inter_node_latency=50e-6, nvlink_domain=1,
+        mem = 8e9 / ranks
+    tdp = 15.0 * probe.cores
+    node = NodeSpec(devices_per_node=ranks, intra_node_bw=bw / 4, intra_node_latency=20e-6, nic_count=1,
+                    nic_bw=10e9 / 8, inter_node_latency=50e-6, nvlink_domain=ranks,
                     source="measured: shared-memory transport approximated as a quarter of copy bandwidth")
     return DeviceSpec(
         name="cpu", vendor="host",
@@ -253,8 +388,17 @@ def measure_cpu(seconds: float = 0.3) -> DeviceSpec:
         memory_bytes=mem, memory_bw=bw, tdp_w=tdp, idle_w=0.3 * tdp, power_at_peak_w=tdp, slowdown_c=None, node=node,
         thermal=ThermalSpec(inlet_c=25.0, r_c_per_w=0.3, tau_s=30.0, rear_preheat_c_per_kw=0.0,
                             rear_slots_of_8=()),
-        source=f"measured on this host: fp32 matmul {flops / 1e9:.1f} GFLOP/s, copy {bw / 1e9:.1f} GB/s, {cores} cores",
+        source=(f"measured ({probe.source}): fp32 matmul {probe.matmul_flops / 1e9:.1f} GFLOP/s, copy "
+                f"{probe.copy_bytes_per_s / 1e9:.1f} GB/s with {probe.threads} thread(s); {ranks} rank(s) "
+                f"on {probe.cores} cores"),
         note="power values are nominal (15 W/core), not measured: this host has no power sensor",
         measured=True,
+        probe=probe,
     )
 
+
+@cache
+def measure_cpu(threads: int | None = None) -> DeviceSpec:
+    """This machine's CPU as one rank's device: a fresh :func:`probe_host` with ``threads``
+    (default: what a lone training rank would use)."""
+    return cpu_device(probe_host(threads or rank_threads(1)), 1)

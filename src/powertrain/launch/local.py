@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from powertrain import hooks
+from powertrain.hardware import is_cpu_name, record_host_probe
 from powertrain.monitor import Monitor, _wait_node_samplers, wait_for_shared_file
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
@@ -241,6 +242,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
             mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=cfg.layout.label(),
                             world=cfg.world, rank_map=rank_map(cfg, [host] + [None] * (nnodes - 1), dev),
                             backend="nccl" if dev == "cuda" else "gloo")
+            if is_cpu_name(cfg.hardware.device):  # CPU speed as the ranks will see it, kept for predict/analyze
+                mon.info["host_probe"] = record_host_probe(cfg.hardware.devices_per_node, {**os.environ, **(env or {})})
             if nnodes > 1:
                 mon.info["nodes"] = {"count": nnodes, "master": f"{master_addr}:{master_port}"}
             mon.run.write(mon.info)
