@@ -85,7 +85,7 @@ class Trainer:
         self.schedule = None
         if lay.pp > 1:
             self.schedule = build_schedule(self.par.stages, lay, self.n_micro, loss_fn, self.device,
-                                           self.meshes.group("pp"))
+                                           self.meshes.group("pp"), recorder=self.rec)
         fault = os.environ.get(FAULT_ENV, "")
         self._fault = fault.split(":") if fault else None
         self.losses: list[float | None] = []
@@ -149,6 +149,9 @@ class Trainer:
         else:
             losses: list[torch.Tensor] = []
             x, y = local[:, :-1], local[:, 1:]
+            # The whole schedule is one enclosing "pipeline" phase; the stage calls inside it are
+            # marked per micro-batch and direction by the schedule's timed stages (pipeline.py), so
+            # the time of this phase not covered by them is the bubble plus point-to-point waits.
             rec.begin("phase", "pipeline", schedule=lay.pp_schedule, microbatches=self.n_micro)
             with self._autocast():
                 if self.is_first and self.has_loss:
