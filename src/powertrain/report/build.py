@@ -3,6 +3,14 @@
 The HTML embeds every figure as a ``data:image/png;base64`` URI and its style inline, so the page
 opens from a mail attachment or an air-gapped machine with no network. ``figures/`` next to it holds
 the same figures as PNG, SVG and PDF for papers and slides.
+
+Phase times (per rank, per pipeline stage) are *self* times: an interval nested in another on the same
+rank (a pipeline stage's forward inside the ``pipeline`` phase, an expert all-to-all inside a forward)
+is taken out of its parent, so stacked bars add up to the time spent instead of counting it twice.
+What a pipeline phase keeps after its stage calls are taken out is its bubble and point-to-point waits.
+
+An imported run (``run.json`` ``kind: import``) was measured elsewhere: the report says what is "not
+in the imported records", never what is "not measured here".
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep
@@ -103,7 +112,7 @@ def _status_badge(status: str) -> _Html:
     return _Html(f'<span class="badge" style="background:{colour}">{html.escape(text)}</span>')
 
 
-def _metrics_table(rep: Report, summ: dict[str, Any]) -> None:
+def _metrics_table(rep: Report, summ: dict[str, Any], absent: str = "not measured in this run") -> None:
     """Metrics with values first; the null ones, each with its reason, folded below."""
     metrics = summ.get("metrics") or {}
     why = summ.get("why_null") or {}
@@ -123,7 +132,7 @@ def _metrics_table(rep: Report, summ: dict[str, Any]) -> None:
     else:
         rep.p("No metric could be computed for this run (see below).", "note")
     if nulls:
-        rep.raw(f"<details><summary>{len(nulls)} metrics are null (not measured here) — why</summary>")
+        rep.raw(f"<details><summary>{len(nulls)} metrics are null ({html.escape(absent)}) — why</summary>")
         rep.table(["metric", "why null"], nulls, cls="nulls")
         rep.raw("</details>")
 
@@ -165,17 +174,19 @@ def _step_spans(events: Any, t0: int) -> list[tuple[float, float, str]]:
 HEATMAP_MIN_DEVICES = 17  # from this many devices on, power is also drawn as a device × time heatmap
 
 
-def _timeline_series(run_path: Path, fields_supported: list[str]
+def _timeline_series(run_path: Path, fields_supported: list[str], imported: bool = False
                      ) -> tuple[dict[str, Any], dict[str, str], int, tuple[list[str], np.ndarray, np.ndarray] | None]:
     """Per-field, per-device series (first MAX_TIMELINE_DEVICES), what is missing, t0, and — for many
-    devices — every device's power as (labels, seconds, devices × time matrix)."""
+    devices — every device's power as (labels, seconds, devices × time matrix). For an ``imported``
+    run the reasons speak of the records, not of this machine's sensors."""
     con = duckdb.connect()
     heat = None
     try:
         n = tel.open_telemetry(con, run_path)
         sp = tel.span(con)
         if not n or sp is None:
-            return {}, {f: "no telemetry was written" for f in ("power_w", "temp_c", "clock_sm_mhz")}, 0, None
+            why = "the imported records hold no telemetry" if imported else "no telemetry was written"
+            return {}, dict.fromkeys(("power_w", "temp_c", "clock_sm_mhz"), why), 0, None
         t0, t1 = sp
         bucket = max((t1 - t0) // MAX_POINTS_PER_DEVICE, 1)
         counts = con.execute("SELECT " + ", ".join(f"count({f})" for f in TIMELINE_FIELDS) + " FROM tel").fetchall()[0]
@@ -204,7 +215,12 @@ def _timeline_series(run_path: Path, fields_supported: list[str]
         for f, why in (("power_w", "no power sensor on these devices"),
                        ("temp_c", "no temperature sensor on these devices"),
                        ("clock_sm_mhz", "no SM clock reading on these devices")):
-            if f not in series:
+            if f in series:
+                continue
+            if imported:  # measured elsewhere: what the source recorded is all that is known
+                missing[f] = (f"the imported records have no {f} values in this window" if f in fields_supported
+                              else f"the imported source did not record {f}")
+            else:
                 missing[f] = why + ("" if f not in fields_supported else " in this window")
         return series, missing, t0, heat
     finally:
@@ -236,8 +252,15 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
     info = run.read()
     name = summ.get("run") or path.name
     pred = summ.get("kind") == "prediction"
+    imported = info.get("kind") == "import"
+    absent = "not in the imported records" if imported else "not measured in this run"
     rep = Report(out, f"powertrain report — {name}" + (" (PREDICTION)" if pred else ""), formats)
     rep.h(f"Run {name}", 1)
+    if imported:
+        src = info.get("import") or {}
+        files = ", ".join(Path(str(x.get("path", "?"))).name for x in src.get("sources") or []) or "unknown sources"
+        rep.p(f"Imported run: measured elsewhere, read from {src.get('format') or 'an unknown format'} records "
+              f"({files}); only what those records hold is shown.", "note")
     if pred:
         rep.raw('<div class="banner">PREDICTION — these numbers come from the analytical model, not from a '
                 'measurement.</div>')
@@ -260,12 +283,12 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
     for note in summ.get("notes") or []:
         rep.p(note, "note")
     rep.h("Metrics")
-    _metrics_table(rep, summ)
+    _metrics_table(rep, summ, absent)
     if pred:
         return rep.write()
 
     events = read_events(path)
-    series, missing, t0, heat = _timeline_series(path, info.get("fields_supported") or [])
+    series, missing, t0, heat = _timeline_series(path, info.get("fields_supported") or [], imported)
     spans = _step_spans(events, t0) if events.num_rows and t0 else []
     rep.h("Timelines")
     n_dev = len(summ.get("per_device") or [])
@@ -273,16 +296,19 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
         rep.p(f"Line timelines show the first {MAX_TIMELINE_DEVICES} of {n_dev} devices; the power heatmap below "
               "and `powertrain trace` show all of them.", "note")
     if series or missing:
-        rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device"),
-                   "Telemetry per device; shaded: step windows (green measured, orange warm-up). Fields this "
-                   "machine cannot measure are listed, not drawn as zeros.")
+        heading = "Not in the imported records" if imported else "Not measured in this run"
+        rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device",
+                                                    absent=(heading, absent)),
+                   "Telemetry per device; shaded: step windows (green measured, orange warm-up). "
+                   + ("Fields the imported records do not hold are listed, not drawn as zeros." if imported else
+                      "Fields this machine cannot measure are listed, not drawn as zeros."))
     if heat is not None:
         labels, secs, matrix = heat
         rep.figure("power_heatmap", lambda: F.device_heatmap(labels, secs, matrix, f"{name}: power of every device",
                                                              "power (W)"),
                    f"Power of all {len(labels)} devices over time (one row each, bucketed); a cool or hot row is a "
                    "device that differs from the rest.")
-    sd = steps_mod.measured_steps(events, info.get("rank_map"))
+    sd = steps_mod.measured_steps(events, info.get("rank_map"), info.get("warmup_steps"))
     step_energy = [(p["step"], p["energy_j"]) for p in summ.get("per_step") or [] if p.get("energy_j") is not None]
     if step_energy:
         rep.h("Energy per step")
@@ -298,14 +324,17 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
         rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
                                                           f"{name}: per-rank step time"),
                    "Per-rank step time across measured steps: a straggler is a bright row.")
-        if sd.phases:
-            kinds = sorted({p["kind"] for p in sd.phases})
+        phases = self_phases(events, set(sd.steps.tolist()))
+        if phases:
+            kinds = sorted({p["kind"] for p in phases})
             ranks = sd.ranks
-            vals = {k: [sum(p["seconds"] for p in sd.phases if p["rank"] == r and p["kind"] == k) / sd.n
+            vals = {k: [sum(p["seconds"] for p in phases if p["rank"] == r and p["kind"] == k) / sd.n
                         for r in ranks] for k in kinds}
             rep.figure("phases", lambda: F.phase_breakdown([str(r) for r in ranks], vals,
                                                            f"{name}: time per phase per rank", "rank"),
-                       "Seconds per measured step in each phase kind, from the ranks' step-phase events.")
+                       "Seconds per measured step in each phase kind, from the ranks' step-phase events (self "
+                       "time: a phase nested in another is taken out of it).")
+        _pipeline_view(rep, name, events, sd, info.get("rank_map") or [])
     else:
         rep.p("No measured step events in this run: step-time figures are skipped.", "note")
     profs = summ.get("profiles") or []
@@ -316,14 +345,15 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
                                                          "profiled rank and step"),
                    "From torch.profiler traces: compute only, compute overlapped with communication, exposed "
                    "communication, idle, per profiled step.")
-    _data_quality(rep, summ)
+    _data_quality(rep, summ, imported)
     return rep.write()
 
 
-def _data_quality(rep: Report, summ: dict[str, Any]) -> None:
+def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> None:
     dq = summ.get("data_quality") or {}
     rep.h("Data quality")
-    rep.table(["fields supported", "not measured", "clock skew", "requested rate"], [[
+    rep.table(["fields supported", "not in the imported records" if imported else "not measured", "clock skew",
+               "requested rate"], [[
         ", ".join(dq.get("fields_supported") or []) or "none recorded",
         ", ".join(dq.get("not_measured") or []) or "—",
         (f"{dq['clock_skew_ns']} ns" if dq.get("clock_skew_ns") is not None else "")
@@ -434,7 +464,7 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
         rep.p("No finished run with per-device telemetry: slot heatmaps skipped.", "note")
 
     rep.h("Per pipeline stage time breakdown (study Figs. 10, 15)")
-    stage_labels, stage_vals, stage_src = _stage_breakdown(done)
+    stage_labels, stage_vals, stage_src = _stage_breakdown(done, path)
     if stage_labels:
         rep.figure("stage_breakdown", lambda: F.phase_breakdown(
             stage_labels, stage_vals, f"time per category per pipeline stage (from {stage_src})",
@@ -474,10 +504,11 @@ def F_slot_key(device: str) -> tuple[str, int]:
 PROFILE_PARTS = ("compute_only_s", "overlap_s", "comm_exposed_s", "idle_s")
 
 
-def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]
+def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]], sweep: Path
                      ) -> tuple[list[str], dict[str, list[float]], str]:
     """Per configuration and pipeline stage: seconds per category. From profiler traces when any run
-    has them (compute / overlap / exposed communication / idle), else from the ranks' phase events."""
+    has them (compute / overlap / exposed communication / idle), else from the self times of the
+    ranks' phase events (read from each run's ``events/``)."""
     if any(s.get("profiles") for _, s in done):
         labels: list[str] = []
         groups: list[dict[str, float]] = []
@@ -496,8 +527,11 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]
     labels = []
     groups = []
     for r, s in done:
-        phases = s.get("phases") or []
-        n = (s.get("window") or {}).get("measured_steps") or 0
+        run_path = sweep / str(r["id"])
+        events = read_events(run_path) if (run_path / "events").is_dir() else None
+        sd = steps_mod.measured_steps(events) if events is not None and events.num_rows else None
+        phases = self_phases(events, set(sd.steps.tolist())) if sd is not None else []
+        n = sd.n if sd is not None else 0
         if not phases or not n:
             continue
         stage_of = {pr["rank"]: (pr.get("coords") or {}).get("pp", 0) for pr in s.get("per_rank") or []}
@@ -512,6 +546,125 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]]
             groups.append(acc)
     kinds = sorted({k for g in groups for k in g})
     return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}, "phase events"
+
+
+# A "phase" event's label: its name, or for its self time once nested phases are taken out, this.
+CONTAINER_LABELS = {"pipeline": "pipeline bubble + p2p wait"}
+
+
+def self_phases(events: Any, steps: set[int]) -> list[dict[str, Any]]:
+    """Summed *self* seconds per (rank, label) of the non-step events inside ``steps``.
+
+    Each event's direct parent is the innermost earlier event of the same rank that contains it; the
+    child's duration is taken out of the parent's, so nested intervals are not counted twice. The
+    label is the kind, except for ``phase`` events: their name, and for a phase that contained other
+    events the name of what is left (``pipeline`` → "pipeline bubble + p2p wait"; else "<name> (rest)").
+    """
+    if events is None or not events.num_rows or not steps:
+        return []
+    sel = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
+                                pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
+    rows = sorted(zip(sel["rank"].to_pylist(), sel["t_start_ns"].to_pylist(), sel["t_end_ns"].to_pylist(),
+                      sel["kind"].to_pylist(), sel["name"].to_pylist(), strict=True),
+                  key=lambda e: (e[0], e[1], -(e[2] - e[1])))  # enclosing interval first at equal starts
+    self_ns = [b - a for _, a, b, _, _ in rows]
+    has_child = [False] * len(rows)
+    stack: list[int] = []
+    for i, (rank, _, end, _, _) in enumerate(rows):
+        while stack and (rows[stack[-1]][0] != rank or rows[stack[-1]][2] < end):
+            stack.pop()  # not this rank's, or ends before this one ends: not a parent
+        if stack:
+            self_ns[stack[-1]] -= end - rows[i][1]
+            has_child[stack[-1]] = True
+        stack.append(i)
+    acc: dict[tuple[int, str], float] = {}
+    for (rank, _, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
+        label = kind
+        if kind == "phase":
+            label = name or "phase"
+            if child:
+                label = CONTAINER_LABELS.get(label, f"{label} (rest)")
+        acc[(rank, label)] = acc.get((rank, label), 0.0) + max(ns, 0) / 1e9
+    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
+
+
+def _attrs(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        out = json.loads(text)
+    except ValueError:
+        return {}  # free text, not a JSON object: no stage recorded
+    return out if isinstance(out, dict) else {}
+
+
+MAX_PIPELINE_ROWS = 32
+
+
+def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[dict[str, Any]]) -> None:
+    """Per pipeline stage: one measured step's forward / backward per micro-batch (the 1F1B pattern and
+    its bubble), and a table of stage call counts, mean durations and bubble share over the measured steps.
+
+    Drawn only where ranks recorded stage calls (forward / backward events with ``attrs.stage``, as the
+    built-in trainer's timed pipeline stages write); one data-parallel / tensor-parallel replica is shown.
+    """
+    sel = events.filter(pc.and_(pc.is_in(events["kind"], pa.array(["forward", "backward", "phase"])),
+                                pc.is_in(events["step"], pa.array(sorted(set(sd.steps.tolist())), pa.int64()))))
+    coords = {int(e["rank"]): e.get("coords") or {} for e in rank_map if "rank" in e}
+    calls: list[dict[str, Any]] = []
+    spans: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, step) -> pipeline phase
+    for e in sel.to_pylist():
+        if e["kind"] == "phase":
+            if e["name"] == "pipeline":
+                spans[(e["rank"], e["step"])] = (e["t_start_ns"], e["t_end_ns"])
+            continue
+        a = _attrs(e["attrs"])
+        if "stage" in a and e["microbatch"] is not None:
+            c = coords.get(e["rank"], {})
+            if c.get("dp", 0) or c.get("tp", 0) or c.get("cp", 0):
+                continue  # other replicas repeat the same schedule
+            kind = "loss" if a.get("part") == "loss" else e["kind"]
+            calls.append({**e, "stage": int(a["stage"]), "what": kind})
+    if not calls:
+        return
+    rep.h("Per pipeline stage")
+    step = int(sd.steps[-1])  # the last measured step: past warm-up, typical of the steady state
+    mine = [c for c in calls if c["step"] == step]
+    ranks_of = sorted({(c["stage"], c["rank"]) for c in calls})[:MAX_PIPELINE_ROWS]
+    t0 = min([c["t_start_ns"] for c in mine] + [a for (r, s), (a, _) in spans.items() if s == step])
+    rows = []
+    for stage, rank in ranks_of:
+        boxes = [(c["what"], int(c["microbatch"]), (c["t_start_ns"] - t0) / 1e6, (c["t_end_ns"] - t0) / 1e6)
+                 for c in mine if c["stage"] == stage and c["rank"] == rank]
+        sp = spans.get((rank, step))
+        rows.append((f"stage {stage} (rank {rank})", sorted(boxes, key=lambda b: b[2]),
+                     ((sp[0] - t0) / 1e6, (sp[1] - t0) / 1e6) if sp else None))
+    rep.figure("pipeline_schedule", lambda: F.pipeline_schedule(
+        rows, f"{name}: pipeline schedule of measured step {step}, per stage"),
+        f"Measured step {step}: each stage's forward (F) and backward (B) of every micro-batch, in the order the "
+        "schedule ran them; grey is the stage's pipeline phase not spent in them (bubble and point-to-point "
+        "waits).")
+    table = []
+    for stage, rank in ranks_of:
+        mycalls = [c for c in calls if c["stage"] == stage and c["rank"] == rank]
+        fwd = [c for c in mycalls if c["what"] == "forward"]
+        bwd = [c for c in mycalls if c["what"] == "backward"]
+        busy: dict[int, int] = {}
+        for c in mycalls:
+            busy[c["step"]] = busy.get(c["step"], 0) + c["t_end_ns"] - c["t_start_ns"]
+        # bubble share of the rank's pipeline phase; a rank holding several stages shares one phase
+        rank_busy = {s: sum(c["t_end_ns"] - c["t_start_ns"] for c in calls if c["rank"] == rank and c["step"] == s)
+                     for s in busy}
+        shares = [1 - rank_busy[s] / (spans[(rank, s)][1] - spans[(rank, s)][0]) for s in busy
+                  if (rank, s) in spans and spans[(rank, s)][1] > spans[(rank, s)][0]]
+
+        def mean_ms(cs: list[dict[str, Any]]) -> str:
+            return "—" if not cs else f"{np.mean([c['t_end_ns'] - c['t_start_ns'] for c in cs]) / 1e6:.3g} ms"
+
+        table.append([stage, rank, len(fwd) // max(sd.n, 1), len(bwd) // max(sd.n, 1), mean_ms(fwd), mean_ms(bwd),
+                      "—" if not shares else f"{100 * float(np.mean(shares)):.1f} %"])
+    rep.table(["stage", "rank", "forwards per step", "backwards per step", "forward (mean)", "backward (mean)",
+               "bubble + p2p wait (share of the rank's pipeline phase)"], table, cls="pipeline")
 
 
 def _safe(text: str) -> str:

@@ -1,14 +1,17 @@
 """The report's figures (matplotlib, Agg backend): one function per figure, each returning a Figure.
 
 Run view: telemetry timelines per device with step windows shaded, step-time distribution, per-rank
-step-time heatmap, phase breakdown per rank. Sweep view: the study's Fig. 4/8/13 (average and peak
+step-time heatmap, phase breakdown per rank, the pipeline schedule of one step per stage (1F1B
+pattern and bubble). Sweep view: the study's Fig. 4/8/13 (average and peak
 temperature, power and SM clock per configuration with an efficiency line, grouped by model, failed /
 OOM / rejected / not-run marked apart), configuration × device-slot heatmaps separated by node with
 a per-slot mean row (Figs. 5/17), per-pipeline-stage time breakdown (Figs. 10/15), throughput vs
 J/token with the Pareto front, and power / thermal rankings.
 
 Every figure that shows a prediction says so in its labels; a field with no data is stated as
-"not measured" in the figure rather than drawn as zeros.
+"not measured" (or, for an imported run, "not in the imported records") in the figure rather than
+drawn as zeros. Legends sit outside the axes so they never hide data, and tick labels are thinned
+to a readable count however many steps, ranks or devices a run has.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+
+TIME_AXIS_GID = "time-axis"  # SVG id of the timelines' labelled time axis (the browser test reads its ticks)
+MAX_TICK_LABELS = 24  # more labels than this on one axis of a 10-inch figure run into each other
 
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (colour, short label)
     "ok": ("#2b7bba", "ok"),
@@ -51,32 +57,53 @@ def _shade_steps(ax: Any, step_spans: Sequence[tuple[float, float, str]]) -> Non
         ax.axvspan(a, b, color=colour, alpha=0.10 if i % 2 == 0 else 0.18, lw=0)
 
 
+def thin_ticks(n: int, most: int = MAX_TICK_LABELS) -> list[int]:
+    """Indices of at most ``most`` evenly spaced labels out of ``n`` (first one kept, steps of 1, 2, 5,
+    10, 20, 50, … so the labelled values are round)."""
+    if n <= most:
+        return list(range(n))
+    stride = next(m * 10**e for e in range(12) for m in (1, 2, 5) if n / (m * 10**e) <= most)
+    return list(range(0, n, stride))
+
+
 def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_measured: dict[str, str],
-              step_spans: Sequence[tuple[float, float, str]], title: str) -> Figure:
+              step_spans: Sequence[tuple[float, float, str]], title: str, *,
+              absent: tuple[str, str] = ("Not measured in this run", "not measured")) -> Figure:
     """One panel per field with data (a line per device) and one panel listing what was not measured.
 
-    ``series[field][device] = (seconds since start, values)``; ``not_measured[field] = reason``.
+    ``series[field][device] = (seconds since start, values)``; ``not_measured[field] = reason``;
+    ``absent`` = (heading, per-field phrase) of that list, e.g. ("Not in the imported records",
+    "not in the imported records") for an imported run. The data panels share the time axis and the
+    lowest one carries its tick labels (SVG group id :data:`TIME_AXIS_GID`); the list of absent fields
+    is a separate, unshared panel so it cannot hide them.
     """
-    n = len(series) + (1 if not_measured else 0)
     ratios = [1.0] * len(series) + ([0.22 + 0.1 * len(not_measured)] if not_measured else [])
-    fig, axes = plt.subplots(max(n, 1), 1, figsize=(10, 1.9 * sum(ratios or [1]) + 0.6), sharex=bool(series),
-                             squeeze=False, gridspec_kw={"height_ratios": ratios or [1]})
-    axs = list(axes[:, 0])
-    for ax, (field, devs) in zip(axs, series.items(), strict=False):
+    fig = plt.figure(figsize=(10, 1.9 * sum(ratios or [1]) + 0.6))
+    gs = fig.add_gridspec(max(len(ratios), 1), 1, height_ratios=ratios or [1])
+    axs: list[Any] = []
+    for i in range(len(series)):
+        axs.append(fig.add_subplot(gs[i], sharex=axs[0] if axs else None))
+    for i, (ax, (field, devs)) in enumerate(zip(axs, series.items(), strict=True)):
         scale = 1 / 2**30 if field.endswith("_bytes") else 1.0
         for dev, (t, v) in devs.items():
             ax.plot(t, v * scale, lw=0.9, label=dev)
         _shade_steps(ax, step_spans)
         ax.set_ylabel(FIELD_LABEL.get(field, field), fontsize=8)
-        if len(devs) <= 16:
-            ax.legend(fontsize=6, ncol=min(len(devs), 8), loc="upper right", framealpha=0.6)
-    if series:
-        axs[len(series) - 1].set_xlabel("time since run start (s)  —  shaded: green measured steps, orange warm-up")
+        if i < len(series) - 1:
+            ax.tick_params(labelbottom=False)  # one labelled time axis, at the bottom of the stack
+        if len(devs) <= 16:  # right of the panel, never over the lines
+            ax.legend(fontsize=6, ncol=1 if len(devs) <= 8 else 2, loc="upper left", bbox_to_anchor=(1.005, 1.0),
+                      borderaxespad=0.0, frameon=False)
+    if axs:
+        bottom = axs[-1]
+        bottom.set_xlabel("time since run start (s)  —  shaded: green measured steps, orange warm-up")
+        bottom.xaxis.set_gid(TIME_AXIS_GID)
     if not_measured:
-        ax = axs[-1]
+        ax = fig.add_subplot(gs[len(series)])
         ax.axis("off")
-        lines = [f"{FIELD_LABEL.get(f, f)}: not measured here — {why}" for f, why in not_measured.items()]
-        ax.text(0.01, 0.95, "Not measured in this run\n" + "\n".join(lines), va="top", ha="left", fontsize=8,
+        heading, phrase = absent
+        lines = [f"{FIELD_LABEL.get(f, f)}: {phrase} — {why}" for f, why in not_measured.items()]
+        ax.text(0.01, 0.95, heading + "\n" + "\n".join(lines), va="top", ha="left", fontsize=8,
                 transform=ax.transAxes, family="monospace")
     fig.suptitle(title)
     fig.tight_layout()
@@ -88,7 +115,8 @@ def device_heatmap(labels: Sequence[str], secs: np.ndarray, matrix: np.ndarray, 
     fig, ax = plt.subplots(figsize=(10, min(1.6 + 0.13 * len(labels), 11)))
     im = ax.imshow(matrix, aspect="auto", cmap="inferno", interpolation="nearest",
                    extent=(float(secs[0]), float(secs[-1]), len(labels) - 0.5, -0.5))
-    ax.set_yticks(range(len(labels)), list(labels), fontsize=5 if len(labels) > 40 else 7)
+    rows = thin_ticks(len(labels), 64)
+    ax.set_yticks(rows, [labels[i] for i in rows], fontsize=5 if len(rows) > 40 else 7)
     ax.set_xlabel("time since run start (s)")
     ax.grid(False)
     fig.colorbar(im, ax=ax, label=unit)
@@ -108,7 +136,7 @@ def step_energy(steps: Sequence[int], energy_j: Sequence[float], title: str) -> 
     ax.axhline(mean, ls="--", color="k", lw=0.8, label=f"mean {mean:.3g} {unit} per step")
     ax.set_xlabel("measured step")
     ax.set_ylabel(f"energy per step ({unit})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     return fig
@@ -125,11 +153,11 @@ def step_distribution(step_times: np.ndarray, rank_step_s: np.ndarray, ranks: Se
     a1.set_ylabel("steps")
     a1.legend(fontsize=7)
     data = [row[~np.isnan(row)] for row in rank_step_s]
-    a2.boxplot(data, tick_labels=[str(r) for r in ranks], showfliers=True)
+    a2.boxplot(data, showfliers=True)
+    keep = thin_ticks(len(ranks), 16)  # boxes sit at 1..n; label a readable subset with their own ranks
+    a2.set_xticks([i + 1 for i in keep], [str(ranks[i]) for i in keep])
     a2.set_xlabel("rank")
     a2.set_ylabel("step time (s)")
-    if len(ranks) > 16:
-        a2.set_xticks(a2.get_xticks()[:: max(1, len(ranks) // 16)])
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -139,8 +167,9 @@ def rank_heatmap(rank_step_s: np.ndarray, ranks: Sequence[int], steps: Sequence[
     """Ranks × measured steps, coloured by step duration: stragglers are the bright rows."""
     fig, ax = plt.subplots(figsize=(10, min(1.2 + 0.25 * len(ranks), 9)))
     im = ax.imshow(rank_step_s, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.set_yticks(range(len(ranks)), [str(r) for r in ranks], fontsize=7 if len(ranks) < 40 else 5)
-    ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=7)
+    rows, cols = thin_ticks(len(ranks), 32), thin_ticks(len(steps))
+    ax.set_yticks(rows, [str(ranks[i]) for i in rows], fontsize=7)
+    ax.set_xticks(cols, [str(steps[i]) for i in cols], fontsize=7)
     ax.set_xlabel("measured step")
     ax.set_ylabel("rank")
     ax.grid(False)
@@ -161,7 +190,7 @@ def phase_breakdown(labels: Sequence[str], phases: dict[str, Sequence[float]], t
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("seconds per measured step")
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=7, ncol=4)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     return fig
@@ -181,7 +210,7 @@ def study_panels(model: str, rows: Sequence[dict[str, Any]], efficiency: str, ef
     (bars), with an efficiency line on the right axis; runs that did not finish are marked by status."""
     labels = [r["label"] + (" (pred)" if r.get("kind") == "prediction" else "") for r in rows]
     xs = list(range(len(rows)))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
     panels = (("temp_mean_c", "temp_peak_c", "temperature (°C)"), ("power_mean_w", "power_peak_w", "power (W)"),
               ("clock_sm_mean_mhz", None, "SM clock (MHz)"))
     for ax, (avg, peak, ylabel) in zip(axes, panels, strict=True):
@@ -208,10 +237,15 @@ def study_panels(model: str, rows: Sequence[dict[str, Any]], efficiency: str, ef
             ax2.plot(xs, eff, "o-", color="#238b45", lw=1.2, ms=4, label=efficiency_label)
             ax2.set_ylabel(efficiency_label, color="#238b45", fontsize=8)
             ax2.grid(False)
-        ax.legend(fontsize=7, loc="upper left")
+    # One legend for all three panels, outside them (over the bars it hid the first configurations).
+    handles = [Patch(facecolor="#6baed6", edgecolor="#08519c", label="average"),
+               Patch(facecolor="#fd8d3c", edgecolor="#a63603", label="peak"),
+               plt.Line2D([], [], color="#238b45", marker="o", lw=1.2, ms=4, label=efficiency_label)]
+    if any(r.get("kind") == "prediction" for r in rows):
+        handles.append(Patch(facecolor="white", edgecolor="#555", hatch="//", label="predicted"))
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=7, frameon=False)
     fig.suptitle(f"{model}: temperature, power and SM clock per configuration "
                  f"(line: {efficiency_label}; hatched: predicted)")
-    fig.tight_layout()
     return fig
 
 
@@ -224,7 +258,7 @@ def performance_panels(model: str, rows: Sequence[dict[str, Any]]) -> Figure:
     def col(key: str) -> np.ndarray:
         return np.array([r.get(key) if r.get(key) is not None else np.nan for r in rows], dtype=float)
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.2), layout="constrained")
     mean, p99 = col("step_time_mean_s"), col("step_time_p99_s")
     hatch = ["//" if r.get("kind") == "prediction" else "" for r in rows]
     a1.bar(xs, mean, 0.6, color="#6baed6", edgecolor="#08519c", lw=0.5, hatch=hatch, label="mean step time")
@@ -232,9 +266,8 @@ def performance_panels(model: str, rows: Sequence[dict[str, Any]]) -> Figure:
                 lw=0.8, label="p99")
     a1.set_ylabel("step time (s)")
     _mark_missing(a1, list(xs), rows, 0.0)
-    a1.legend(fontsize=7, loc="upper left")
     a1b = a1.twinx()
-    a1b.plot(xs, col("tokens_per_s"), "o-", color="#238b45", ms=4, lw=1.2)
+    a1b.plot(xs, col("tokens_per_s"), "o-", color="#238b45", ms=4, lw=1.2, label="tokens/s")
     a1b.set_ylabel("tokens/s", color="#238b45")
     a1b.grid(False)
     a2.plot(xs, 100 * col("mfu"), "s-", color="#6a3d9a", ms=4, lw=1.2, label="MFU (%)")
@@ -245,11 +278,15 @@ def performance_panels(model: str, rows: Sequence[dict[str, Any]]) -> Figure:
             a2.plot(xs, v, style, ms=4, lw=1, label=label)
     a2.set_ylabel("%")
     a2.set_ylim(bottom=0)
-    a2.legend(fontsize=7, loc="upper left")
+    # Legends above each panel, outside the axes: inside they covered the first configurations' bars.
+    h1, l1 = a1.get_legend_handles_labels()
+    h1b, l1b = a1b.get_legend_handles_labels()
+    a1.legend(h1 + h1b, l1 + l1b, fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=3, frameon=False,
+              borderaxespad=0.0)
+    a2.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=3, frameon=False, borderaxespad=0.0)
     for ax in (a1, a2):
         ax.set_xticks(xs, labels, rotation=35, ha="right", fontsize=7)
     fig.suptitle(f"{model}: step time, throughput and utilisation per configuration (hatched: predicted)")
-    fig.tight_layout()
     return fig
 
 
@@ -308,7 +345,8 @@ def throughput_energy(rows: Sequence[dict[str, Any]]) -> Figure:
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--o", lw=1, ms=11, mfc="none",
                  label="Pareto front")
     handles = [Patch(color=colours[m], label=m) for m in models]
-    ax.legend(handles=[*handles, *ax.get_legend_handles_labels()[0]], fontsize=7)
+    ax.legend(handles=[*handles, *ax.get_legend_handles_labels()[0]], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)  # beside the points, not on them
     ax.set_xlabel("throughput (tokens/s, whole job)")
     ax.set_ylabel("energy per token (J/token)")
     ax.set_title("Throughput vs energy per token (hollow: predicted)")
@@ -326,6 +364,44 @@ def ranking(rows: Sequence[dict[str, Any]], metric: str, title: str, unit: str) 
                                                                         else "") for r in rs], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(unit)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+PIPE_COLOURS = {"forward": "#4c8fd0", "loss": "#9cc3ea", "backward": "#e0803a"}
+
+
+def pipeline_schedule(rows: Sequence[tuple[str, Sequence[tuple[str, int, float, float]], tuple[float, float] | None]],
+                      title: str) -> Figure:
+    """One measured step of a pipeline run: a row per stage, a box per micro-batch's forward ("F<k>",
+    blue) and backward ("B<k>", orange); the grey band is the stage's pipeline phase, so what stays
+    grey between boxes is the bubble and the point-to-point waits.
+
+    ``rows = [(label, [(kind, microbatch, start_ms, end_ms), …], (phase_start_ms, phase_end_ms) or None)]``
+    with kind ``forward`` / ``loss`` / ``backward``; times in ms since the step began.
+    """
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * max(len(rows), 1)))
+    end = max([b for _, boxes, _ in rows for *_, b in boxes] + [p[1] for *_, p in rows if p] + [1e-9])
+    for y, (_, boxes, span) in enumerate(rows):
+        if span is not None:
+            ax.broken_barh([(span[0], span[1] - span[0])], (y - 0.42, 0.84), facecolors="#dddddd", lw=0)
+        for kind, mb, a, b in boxes:
+            ax.broken_barh([(a, b - a)], (y - 0.36, 0.72), facecolors=PIPE_COLOURS.get(kind, "#888888"),
+                           edgecolors="white", lw=0.4)
+            if kind != "loss" and (b - a) > end / 90:  # label a box only where the text fits
+                ax.text((a + b) / 2, y, f"{'F' if kind == 'forward' else 'B'}{mb}", ha="center", va="center",
+                        fontsize=6, color="white" if kind == "backward" else "black")
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel("time since the step began (ms)")
+    ax.grid(False)
+    ax.legend(handles=[Patch(color=PIPE_COLOURS["forward"], label="forward (F<micro-batch>)"),
+                       Patch(color=PIPE_COLOURS["loss"], label="loss (last stage)"),
+                       Patch(color=PIPE_COLOURS["backward"], label="backward (B<micro-batch>)"),
+                       Patch(color="#dddddd", label="bubble / p2p wait")],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     return fig
