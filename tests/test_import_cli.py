@@ -88,3 +88,58 @@ def test_telemetry_and_step_log_join_into_one_run(tmp_path):
     assert info["import"]["format"] == "nvsmi+framework_log"
     assert info["detected_events"] == []  # a step log came along: no guessing from power
     assert len(info["import"]["sources"]) == 2
+
+
+def _nemo_log(path: Path, steps: int = 5) -> Path:
+    path.write_text("".join(f"Training epoch 0, iteration {i}/{steps} | global_batch_size: 8 | global_step: {i} | "
+                            f"reduced_train_loss: 10.0 | train_step_timing in s: 2.0\n" for i in range(steps)))
+    return path
+
+
+def test_log_without_times_needs_anchor_and_lands_on_the_gpu_csv(tmp_path):
+    smi = _smi(tmp_path / "gpu.csv")  # 2024-05-01 10:00:00 → 10:00:30 UTC
+    log = _nemo_log(tmp_path / "train.log")
+    res = runner.invoke(app, ["import", "auto", str(smi), str(log), "--out", str(tmp_path / "run"), "--tz", "UTC"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no wall-clock times" in lines[0] and "--anchor TIME" in lines[0]
+    assert not (tmp_path / "run").exists()
+    res = runner.invoke(app, ["import", "auto", str(smi), str(log), "--out", str(tmp_path / "run"), "--tz", "UTC",
+                              "--anchor", "2024-05-01 10:00:05", "--warmup-steps", "1"])
+    assert res.exit_code == 0, res.output
+    assert "warning" not in res.output  # the steps lie inside the GPU CSV
+    assert "measured window: 4 step(s) from step 1 (1 warm-up)" in res.output
+    ev = read_events(tmp_path / "run")
+    steps = [r for r in ev.to_pylist() if r["kind"] == "step"]
+    assert steps[0]["t_start_ns"] == 1714557605 * 10**9  # 2024-05-01T10:00:05Z, not 1970
+    from powertrain.analyze.summary import summarize_run
+
+    s = summarize_run(tmp_path / "run", probe_cpu_peak=False)
+    assert s["metrics"]["step_time_mean_s"] == pytest.approx(2.0)
+    assert s["metrics"]["energy_integral_j"] == pytest.approx(2 * 500.0 * 8.0, rel=0.02)  # 2 GPUs × 500 W × 8 s
+
+
+def test_anchor_outside_the_gpu_csv_is_a_warning_and_bad_anchor_one_line(tmp_path):
+    smi = _smi(tmp_path / "gpu.csv")
+    log = _nemo_log(tmp_path / "train.log")
+    res = runner.invoke(app, ["import", "auto", str(smi), str(log), "--out", str(tmp_path / "run"), "--tz", "UTC",
+                              "--anchor", "2024-05-01T11:00:00"])
+    assert res.exit_code == 0 and "not inside the telemetry" in res.output and "check --anchor" in res.output
+    res = runner.invoke(app, ["import", "auto", str(log), "--out", str(tmp_path / "run2"), "--anchor", "noon"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--anchor 'noon' is neither ISO-8601" in lines[0]
+
+
+def test_step_options_for_sources_without_steps_are_refused(tmp_path):
+    smi = _smi(tmp_path / "gpu.csv")
+    for opt in (["--warmup-steps", "2"], ["--anchor", "1714557600"]):
+        res = runner.invoke(app, ["import", "nvsmi", str(smi), "--out", str(tmp_path / "run"), "--tz", "UTC", *opt])
+        assert res.exit_code == 2 and f"{opt[0]} does not apply to nvsmi sources" in res.output, res.output
+
+
+def test_help_says_how_to_pick_the_anchor():
+    res = runner.invoke(app, ["import", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "--anchor" in text and "GPU power first rises" in text and "--warmup-steps" in text

@@ -116,3 +116,36 @@ def test_malformed_traces_are_rejected_with_the_file_named(tmp_path):
     with pytest.raises(SourceFormatError, match="no ProfilerStep#N annotations"):
         import_sources("kineto", [bad], tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_profiled_steps_are_measured_and_summarized(tmp_path):
+    """Real traces: every ProfilerStep is in the measured window; the job's size is the traces' world size."""
+    from powertrain.analyze.summary import summarize_run
+
+    src = REAL / "sampled_world128"
+    if not src.exists():
+        pytest.skip(f"real Kineto traces not found at {src} (set POWERTRAIN_REAL_DATA)")
+    out = import_sources("kineto", [src], tmp_path / "run")
+    ev = read_events(out)
+    steps = ev.filter(pc.equal(ev.column("kind"), "step"))
+    assert set(steps.column("window").to_pylist()) == {"measured"}
+    comm = ev.filter(pc.equal(ev.column("kind"), "comm"))
+    assert comm.num_rows and set(comm.column("window").to_pylist()) == {"measured"}  # collectives of their step
+    info = json.loads((out / "run.json").read_text())
+    assert info["job_device_count"] == 128
+    s = summarize_run(out, probe_cpu_peak=False)
+    per_step = {}
+    for r in steps.to_pylist():  # a step lasts as long as its slowest rank
+        per_step[r["step"]] = max(per_step.get(r["step"], 0), (r["t_end_ns"] - r["t_start_ns"]) / 1e9)
+    assert s["metrics"]["step_time_mean_s"] == pytest.approx(sum(per_step.values()) / len(per_step), rel=1e-9)
+    assert s["metrics"]["straggler_spread_pct"] is not None  # two ranks
+
+
+def test_warmup_steps_on_a_synthetic_trace(tmp_path):
+    f, _ = _trace(tmp_path)
+    b = import_kineto([f], warmup_steps=1)
+    ev = b.events()
+    steps = ev.filter(pc.equal(ev.column("kind"), "step"))
+    assert dict(zip(steps.column("step").to_pylist(), steps.column("window").to_pylist(), strict=True)) == {
+        5: "warmup", 6: "measured"}
+    assert b.info["job_device_count"] == 4

@@ -143,3 +143,39 @@ def test_dc_side_of_the_same_run_from_gzipped_logs(tmp_path):
     ml = b.info["mlperf"]
     assert ml["nodes"] == 64 and ml["reported_energy_kwh"] == 408.44
     assert abs(ml["energy_run_kwh"] / 408.44 - 1) < 1e-3
+
+
+def test_gpt3_per_device_throughput_divides_by_the_512_gpus(gpt3):
+    """The log is rank 0's view of the whole job: per device = job tokens/s ÷ 512 (system_*.json)."""
+    from powertrain.analyze.summary import summarize_run
+
+    _, out = gpt3
+    info = json.loads((out / "run.json").read_text())
+    assert info["job_device_count"] == 512  # 64 nodes × 8 accelerators
+    assert "number_of_nodes × accelerators_per_node" in info["job_device_count_source"]
+    ev = read_events(out)
+    steps = ev.filter(pc.equal(ev.column("kind"), "step"))
+    assert set(steps.column("window").to_pylist()) == {"measured"}  # all 288 lie inside run_start → run_stop
+    m = summarize_run(out, probe_cpu_peak=False)["metrics"]
+    dur = (steps.column("t_end_ns").to_numpy() - steps.column("t_start_ns").to_numpy()) / 1e9
+    job = 288 * 2048 * 2048 / dur.sum()
+    assert m["step_time_mean_s"] == pytest.approx(dur.mean(), rel=1e-9)
+    assert m["tokens_per_s"] == pytest.approx(job, rel=1e-9)
+    assert m["tokens_per_s_per_device"] == pytest.approx(job / 512, rel=1e-9)
+    assert 700 < m["tokens_per_s_per_device"] < 850  # ≈ 395 k tokens/s over 512 H100s
+    assert m["energy_integral_j"] is not None  # node power inside the measured window
+
+
+def test_without_a_system_description_per_device_is_unknown_not_the_job_total(tmp_path):
+    from powertrain.analyze.summary import summarize_run
+
+    src = real("gpt3-175b_64node_512gpu")
+    out = import_sources("mlperf", [next(src.glob("result_*.txt"))], tmp_path / "run", warmup_steps=3)
+    info = json.loads((out / "run.json").read_text())
+    assert info["job_device_count"] is None and "system_*.json" in info["job_device_count_source"]
+    s = summarize_run(out, probe_cpu_peak=False)
+    assert s["metrics"]["tokens_per_s"] is not None
+    assert s["metrics"]["tokens_per_s_per_device"] is None
+    assert "device count is unknown" in s["why_null"]["tokens_per_s_per_device"]
+    windows = read_events(out).filter(pc.equal(read_events(out).column("kind"), "step")).column("window").to_pylist()
+    assert windows == ["warmup"] * 3 + ["measured"] * 285

@@ -70,3 +70,14 @@ def test_malformed_line_is_named(study, tmp_path):
     with pytest.raises(SourceFormatError, match=r"power_9\.csv:1: the study's CSVs have no header"):
         import_sources("study_csv", [study], tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_summary_of_telemetry_only_import_shows_power_and_says_why_no_step_time(study, tmp_path):
+    """The study's CSVs hold telemetry, no steps: power and energy over the whole span, step time null."""
+    from powertrain.analyze.summary import summarize_run
+
+    out = import_sources("study_csv", [study], tmp_path / "run")
+    s = summarize_run(out, probe_cpu_peak=False)
+    assert s["metrics"]["power_mean_w"] is not None and s["metrics"]["energy_integral_j"] is not None
+    assert s["metrics"]["step_time_mean_s"] is None and s["why_null"]["step_time_mean_s"]
+    assert "measured_window" not in json.loads((out / "run.json").read_text())

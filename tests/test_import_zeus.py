@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from powertrain.importers import import_sources
-from powertrain.importers.common import ImportWarning_, SourceFormatError
+from powertrain.importers.common import SourceFormatError, parse_anchor
 from powertrain.store import read_events, read_telemetry
 
 FIX = Path(__file__).parent / "fixtures" / "zeus"
@@ -18,18 +18,28 @@ REAL = Path(os.environ.get("POWERTRAIN_REAL_DATA", "/work/shared/data/real"))
 
 
 def test_energy_windows_become_events_with_per_gpu_energy(tmp_path):
-    with pytest.warns(ImportWarning_, match="monotonic"):
-        out = import_sources("auto", [FIX / "A40+resnet50+gpu0,1,2,3.csv"], tmp_path / "run")
+    src = FIX / "A40+resnet50+gpu0,1,2,3.csv"
+    # start_time is time.monotonic(): not wall-clock, so an anchor is required
+    with pytest.raises(SourceFormatError, match=r"monotonic.*pass --anchor TIME"):
+        import_sources("auto", [src], tmp_path / "run")
+    anchor = parse_anchor("2023-07-07T12:00:00Z")
+    out = import_sources("auto", [src], tmp_path / "run", anchor_ns=anchor)
     ev = read_events(out)
     assert ev.num_rows == 9
     first = ev.slice(0, 1).to_pylist()[0]
     attrs = json.loads(first["attrs"])
     assert first["name"] == "__GlobalPowerLimitOptimizer_300"
+    assert first["t_start_ns"] == anchor
+    assert attrs["monotonic_start_s"] == pytest.approx(13586410.284991832)
     assert attrs["energy_j"]["gpu0"] == pytest.approx(1067.512999996543)
     assert attrs["energy_total_j"] == pytest.approx(1067.513 + 1072.433 + 1049.198 + 1129.595, rel=1e-6)
     assert (first["t_end_ns"] - first["t_start_ns"]) / 1e9 == pytest.approx(8.226085375994444)
+    second = ev.slice(1, 1).to_pylist()[0]  # the windows keep their spacing
+    assert (second["t_start_ns"] - anchor) / 1e9 == pytest.approx(13586420.690541402 - 13586410.284991832, abs=1e-6)
     info = json.loads((out / "run.json").read_text())
-    assert "monotonic" in info["time_origin"]
+    assert "monotonic" in info["time_origin"] and "--anchor" in info["time_origin"]
+    # windows are power-limit trials of an unrecorded number of iterations, not steps: no step window
+    assert set(ev.column("kind").to_pylist()) == {"phase"} and "measured_window" not in info
 
 
 def test_power_samples_in_milliwatts(tmp_path):
@@ -47,13 +57,22 @@ def test_malformed_window_row(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_perseus_profiles_become_per_rank_steps_with_energy(tmp_path):
-    src = REAL / "perseus-sosp24-pipeline-energy" / "a40x16_gpt3-6.7b_dp2pp4tp2" / "0.prof.json"
+def _perseus(name: str) -> Path:
+    src = REAL / "perseus-sosp24-pipeline-energy" / "a40x16_gpt3-6.7b_dp2pp4tp2" / name
     if not src.exists():
         pytest.skip(f"real data not found at {src} (set POWERTRAIN_REAL_DATA)")
-    out = import_sources("auto", [src], tmp_path / "run")
+    return src
+
+
+def test_perseus_profiles_become_per_rank_steps_with_energy(tmp_path):
+    src = _perseus("0.prof.json")
+    with pytest.raises(SourceFormatError, match="durations, not wall-clock times: pass --anchor TIME"):
+        import_sources("auto", [src], tmp_path / "run")
+    anchor = parse_anchor("2024-08-20T09:00:00Z")
+    out = import_sources("auto", [src], tmp_path / "run", anchor_ns=anchor)
     ev = read_events(out)
     assert sorted(set(ev.column("rank").to_pylist())) == list(range(16))
+    assert pc.min(ev.column("t_start_ns")).as_py() == anchor  # first iteration at the anchor, not 1970
     r0 = ev.filter(pc.equal(ev.column("rank"), 0))
     assert r0.num_rows == 10 and set(r0.column("kind").to_pylist()) == {"step"}
     energy = [json.loads(a)["energy_j"] for a in r0.column("attrs").to_pylist()]
@@ -63,3 +82,30 @@ def test_perseus_profiles_become_per_rank_steps_with_energy(tmp_path):
     assert list(dur) == pytest.approx(raw["iter_time"], abs=1e-6)
     total_j = sum(json.loads(a)["energy_j"] for a in ev.column("attrs").to_pylist()) / 10
     assert 4.0e5 < total_j < 5.2e5  # 460–492 kJ per iteration across the 16 GPUs
+    info = json.loads((out / "run.json").read_text())
+    assert info["job_device_count"] == 16
+    # every iteration is measured, so the summary has the step time: the slowest rank per iteration
+    from powertrain.analyze.summary import summarize_run
+
+    s = summarize_run(out, probe_cpu_peak=False)
+    assert set(ev.column("window").to_pylist()) == {"measured"}
+    slowest = [max(r["iter_time"][i] for r in json.loads(src.read_text())) for i in range(10)]
+    assert s["metrics"]["step_time_mean_s"] == pytest.approx(sum(slowest) / 10, rel=1e-6)
+
+
+def test_several_perseus_plans_follow_one_another_with_steps_numbered_on(tmp_path):
+    a, b = _perseus("0.prof.json"), _perseus("24.prof.json")
+    out = import_sources("zeus", [a, b], tmp_path / "run", anchor_ns=parse_anchor("1724144400"), warmup_steps=2)
+    r0 = read_events(out).filter(pc.equal(read_events(out).column("rank"), 0))
+    assert r0.column("step").to_pylist() == list(range(20))
+    assert r0.column("window").to_pylist() == ["warmup"] * 2 + ["measured"] * 18
+    plans = [json.loads(x)["frequency_plan"] for x in r0.column("attrs").to_pylist()]
+    assert plans == ["0"] * 10 + ["24"] * 10
+    starts, ends = r0.column("t_start_ns").to_pylist(), r0.column("t_end_ns").to_pylist()
+    assert all(s >= e for s, e in zip(starts[1:], ends[:-1], strict=True))  # back to back, no overlap
+
+
+def test_anchor_for_sources_with_their_own_times_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="drop --anchor"):
+        import_sources("zeus", [FIX / "zeus_monitor_sample_power_mW.csv"], tmp_path / "run", tz="UTC",
+                       anchor_ns=parse_anchor("2024-01-01T00:00:00Z"))

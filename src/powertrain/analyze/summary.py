@@ -392,8 +392,14 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
             (why.get("tokens_per_s") or "no token counts")
         for k in ("model_flops_per_step", "tflops_per_device", "mfu", "hfu"):
             why[k] = reason
-    if metrics["tokens_per_s"] is not None and n_ranks:
-        metrics["tokens_per_s_per_device"] = metrics["tokens_per_s"] / n_ranks
+    # Per device = per device of the job: an import states the job's count (run.json job_device_count,
+    # null when its sources do not say), since the ranks that logged may be one rank of a 512-GPU job.
+    n_devices = info.get("job_device_count", n_ranks)
+    if metrics["tokens_per_s"] is not None and n_devices:
+        metrics["tokens_per_s_per_device"] = metrics["tokens_per_s"] / n_devices
+    elif metrics["tokens_per_s"] is not None:
+        why["tokens_per_s_per_device"] = (
+            f"the job's device count is unknown ({info.get('job_device_count_source') or 'run.json job_device_count'})")
     else:
         why["tokens_per_s_per_device"] = why.get("tokens_per_s", "no token counts")
 

@@ -33,6 +33,18 @@ def import_cmd(
         None, "--host", help="nvsmi: host name for each file, in order (default node0, node1, ...)."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="study_csv: ranks per node (rank → node, slot)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="framework_log: sequence length, to count tokens."),
+    anchor: str | None = typer.Option(
+        None, "--anchor", metavar="TIME",
+        help="For sources without wall-clock times (NeMo progress bars, Megatron logs without [date] stamps, "
+        "Perseus profiles, Zeus windows on the monotonic clock): when the first step started, as ISO-8601 "
+        "(2024-05-01T10:00:05; without a zone it is read in --tz) or epoch seconds. Such a source is refused "
+        "without it. With a GPU CSV of the same job: take the time in that CSV where GPU power first rises to "
+        "its training level (or the job's start from the scheduler, e.g. sacct -o Start, plus the start-up "
+        "time printed in the log); a warning says when the steps then fall outside the CSV."),
+    warmup_steps: int | None = typer.Option(
+        None, "--warmup-steps", min=0, metavar="N",
+        help="Steps at the start that are warm-up, not measured (default 0; MLPerf measures only inside its "
+        "own run_start → run_stop). Every other imported step is in the measured window."),
     detect: bool = typer.Option(True, "--detect/--no-detect",
                                 help="Find checkpoint dips, stalls and the end of activity in GPU power."),
     hta: bool = typer.Option(False, "--hta", help="kineto: also record Holistic Trace Analysis' overlap figure "
@@ -50,17 +62,23 @@ def import_cmd(
       powertrain import mlperf results/gpt3/ --out runs/mlperf-gpt3
 
       powertrain import auto gpu.csv train.log --out runs/joined
+
+      powertrain import framework_log nemo.log --anchor 2024-05-01T10:00:05 --warmup-steps 2 --out runs/nemo
+
+    Every imported step is in the measured window (less --warmup-steps), so `powertrain summarize` and
+    `powertrain report` show step time, throughput and, where power was imported, energy.
     """
     from powertrain.importers import SourceFormatError, build
-    from powertrain.importers.common import ImportWarning_
+    from powertrain.importers.common import ImportWarning_, parse_anchor
 
     err = Console(stderr=True, highlight=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ImportWarning_)
         try:
+            anchor_ns = parse_anchor(anchor, tz) if anchor is not None else None
             builder = build(kind, sources, tz=tz, gpus=gpus, hosts=host or None, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, detect_events=detect, name=name,
-                            hta=hta or None)
+                            hta=hta or None, anchor_ns=anchor_ns, warmup_steps=warmup_steps)
             run_dir = builder.write(out)
         except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError, ImportError) as exc:
             err.print(f"[red]error: {escape(str(exc))}[/red]", soft_wrap=True)
@@ -78,6 +96,13 @@ def import_cmd(
     for k in ev.column("kind").to_pylist() if ev.num_rows else []:
         kinds[k] = kinds.get(k, 0) + 1
     typer.echo(f"  events: {ev.num_rows} rows" + (f" ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))})" if kinds else ""))
+    mw = builder.info.get("measured_window")
+    if mw:
+        typer.echo(f"  measured window: {mw['measured_steps']} step(s) from step {mw['first_measured_step']}"
+                   f" ({mw['warmup_steps']} warm-up)")
+    if "job_device_count" in builder.info:
+        n = builder.info["job_device_count"]
+        typer.echo(f"  job devices: {n if n is not None else 'unknown'} ({builder.info.get('job_device_count_source')})")
     det = builder.info.get("detected_events")
     if det:
         typer.echo(f"  detected events: {len(det)} (" + ", ".join(sorted({d['name'] for d in det})) + ")")

@@ -12,6 +12,13 @@ power samples, Perseus profiles), ``powertraces`` (long per-GPU CSV), ``study_cs
 :func:`powertrain.importers.detect.detect_kind`). Several sources of different kinds (e.g. an
 nvidia-smi log and the training log of the same job) are joined into one run directory.
 
+Every import that yields ``step`` events marks the measurement protocol's windows on them, as the
+built-in trainer does: all steps are ``measured`` except the first ``warmup_steps`` (``--warmup-steps``,
+default 0; MLPerf keeps only its own run_start → run_stop window). Sources without wall-clock times
+(NeMo progress bars, Megatron logs without stamps, Perseus profiles, monotonic Zeus windows) need
+``anchor_ns`` (``--anchor``) and are refused without it. ``run.json["job_device_count"]`` is the
+job's device count (null when the sources do not state it), which per-device throughput divides by.
+
 Every importer raises :class:`SourceFormatError` (file, line, problem) on malformed input and writes
 nothing; the run directory appears complete or not at all (:class:`RunBuilder`).
 """
@@ -23,7 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table
+import pyarrow.compute as pc
+
+from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, iso
 from powertrain.importers.detect import detect_kind
 
 KINDS = ("nvsmi", "mlperf", "zeus", "powertraces", "study_csv", "framework_log", "kineto")
@@ -53,13 +62,16 @@ def _importer(kind: str) -> Callable[..., RunBuilder]:
 
 _OPTIONS = {  # which keyword options each importer takes
     "nvsmi": ("tz", "gpus", "hosts"),
-    "mlperf": (),
-    "zeus": ("tz",),
+    "mlperf": ("warmup_steps",),
+    "zeus": ("tz", "anchor_ns", "warmup_steps"),
     "powertraces": ("tz",),
     "study_csv": ("gpus_per_node",),
-    "framework_log": ("tz", "seq_len", "anchor_ns"),
-    "kineto": ("hta",),
+    "framework_log": ("tz", "seq_len", "anchor_ns", "warmup_steps"),
+    "kineto": ("hta", "warmup_steps"),
 }
+# Options that only some kinds read: given for an import where no source reads them, they are refused
+# rather than silently ignored.
+_REFUSED_UNLESS_READ = {"anchor_ns": "--anchor", "warmup_steps": "--warmup-steps", "seq_len": "--seq-len"}
 
 
 def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[str, list[Path]]:
@@ -85,6 +97,10 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
           name: str | None = None, **options: Any) -> RunBuilder:
     """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
     groups = group_sources(kind, sources)
+    for opt, flag in _REFUSED_UNLESS_READ.items():
+        if options.get(opt) is not None and not any(opt in _OPTIONS[k] for k in groups):
+            readers = ", ".join(k for k, o in _OPTIONS.items() if opt in o)
+            raise ValueError(f"{flag} does not apply to {', '.join(groups)} sources (only to {readers}): drop it")
     builders = []
     for k, paths in groups.items():
         opts = {o: v for o, v in options.items() if o in _OPTIONS[k] and v is not None}
@@ -92,7 +108,22 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
     b = merge(builders) if len(builders) > 1 else builders[0]
     if detect_events and any(k in _TELEMETRY_KINDS for k in groups):
         add_detected_events(b)
+    if options.get("anchor_ns") is not None:
+        check_anchor(b)
     return b
+
+
+def check_anchor(b: RunBuilder) -> None:
+    """Warn when steps placed by ``--anchor`` miss the telemetry imported with them (a wrong anchor)."""
+    tel, ev = b.telemetry(), b.events()
+    steps = ev.filter(pc.equal(ev.column("kind"), "step")) if ev.num_rows else ev
+    if tel.num_rows == 0 or steps.num_rows == 0:
+        return
+    t0, t1 = pc.min(tel.column("t_ns")).as_py(), pc.max(tel.column("t_ns")).as_py()
+    s0, s1 = pc.min(steps.column("t_start_ns")).as_py(), pc.max(steps.column("t_end_ns")).as_py()
+    if s0 < t0 or s1 > t1:
+        b.warn(f"the anchored steps ({iso(s0)} → {iso(s1)}) are not inside the telemetry ({iso(t0)} → {iso(t1)}): "
+               "check --anchor (and --tz)")
 
 
 def import_sources(kind: str, sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
@@ -112,6 +143,10 @@ def merge(builders: Sequence[RunBuilder]) -> RunBuilder:
         m.devices += b.devices
         for k, v in b.info.items():
             m.info.setdefault(k, v)
+        if b.info.get("job_device_count") is not None and m.info.get("job_device_count") is None:
+            # a source that knows the job's device count wins over one that does not
+            m.info["job_device_count"] = b.info["job_device_count"]
+            m.info["job_device_count_source"] = b.info.get("job_device_count_source")
         m.add_telemetry(b.telemetry())
         m.add_events(b.events())
     return m

@@ -20,6 +20,7 @@ import datetime as dt
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
@@ -173,6 +174,80 @@ def iso(t_ns: int | None) -> str | None:
     if t_ns is None:
         return None
     return dt.datetime.fromtimestamp(t_ns / 1e9, tz=dt.UTC).isoformat()
+
+
+ANCHOR_HELP = "pass --anchor TIME (ISO-8601 such as 2024-05-01T10:00:00, or epoch seconds; anchor_ns= in Python)"
+
+
+def parse_anchor(text: str, tz: str | None = None) -> int:
+    """``--anchor`` text → epoch ns: epoch seconds, or ISO-8601 (a time without a zone is read in ``tz``,
+    the same zone as the other sources' local stamps)."""
+    s = text.strip()
+    try:
+        sec = float(s)
+    except ValueError:
+        try:
+            d = dt.datetime.fromisoformat(s)
+        except ValueError:
+            raise ValueError(f"--anchor {text!r} is neither ISO-8601 (2024-05-01T10:00:00[+02:00]) "
+                             "nor epoch seconds") from None
+        if d.tzinfo is None:
+            d = d.replace(tzinfo=resolve_zone(tz)[0])
+        t_ns = (d - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+    else:
+        if not math.isfinite(sec):
+            raise ValueError(f"--anchor {text!r} is not a time: give ISO-8601 or epoch seconds")
+        t_ns = round(sec * 1e9)
+    if t_ns < _Y2001_NS:  # an anchor in 1970 is the very mistake --anchor exists to avoid
+        raise ValueError(f"--anchor {text!r} is before 2001: give epoch seconds (like 1714557600) or ISO-8601")
+    return t_ns
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_Y2001_NS = 978_307_200 * 1_000_000_000
+
+
+def mark_window(events: list[dict[str, Any]], warmup_steps: int | None, b: RunBuilder, *,
+                declared: str | None = None) -> None:
+    """Mark the measurement protocol's windows on imported events, as the built-in trainer does
+    (``powertrain.workload.run_loop``): the first ``warmup_steps`` distinct step indices are
+    ``window="warmup"``, every later one ``"measured"``. Every event that carries a step index (the
+    step itself, its phases, its collectives) takes its step's window; events without one (the whole
+    run, evals) stay outside the protocol (null). ``declared`` names the window the format itself
+    declares, when the caller passed only the events inside it (e.g. MLPerf's run_start → run_stop).
+    Records what was done in ``run.json["measured_window"]``; a warm-up that leaves no measured step
+    is refused."""
+    n = 0 if warmup_steps is None else int(warmup_steps)
+    if n < 0:
+        raise ValueError(f"--warmup-steps must be 0 or more, got {n}")
+    steps = sorted({int(e["step"]) for e in events if e.get("kind") == "step" and e.get("step") is not None})
+    if not steps:
+        return
+    if n >= len(steps):
+        raise ValueError(f"--warmup-steps {n} leaves no measured step: the import has {len(steps)} step(s); "
+                         "pass a smaller --warmup-steps")
+    last_warm = steps[n - 1] if n else None
+    for e in events:
+        if e.get("step") is None:
+            continue
+        e["window"] = "warmup" if last_warm is not None and int(e["step"]) <= last_warm else "measured"
+    b.info["warmup_steps"] = n  # the run's declared warm-up, the key powertrain.analyze.steps reads
+    b.info["measured_window"] = {
+        "warmup_steps": n,
+        "measured_steps": len(steps) - n,
+        "first_measured_step": steps[n],
+        "rule": "import: every logged step is measured except the first --warmup-steps (default 0)"
+                + (f"; only steps inside {declared}" if declared else ""),
+    }
+
+
+def set_job_devices(b: RunBuilder, count: int | None, source: str) -> None:
+    """Record the job's device count (what per-device throughput divides by) in ``run.json``.
+
+    ``None`` with a ``source`` saying why: per-device figures of this import are then unknown, not
+    the job's total divided by the few ranks that happened to log."""
+    b.info["job_device_count"] = count
+    b.info["job_device_count_source"] = source
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,23 +2,29 @@
 
 * **Megatron-LM** ``iteration N/M | consumed samples: … | elapsed time per iteration (ms): … |
   throughput per GPU (TFLOP/s/GPU): … | global batch size: … | lm loss: … |`` (optionally prefixed
-  by ``[YYYY-MM-DD HH:MM:SS]``). A line reports the *average* over the iterations since the previous
-  line (``--log-interval``). A line covering one iteration becomes a ``step`` event; a line covering
-  ``k > 1`` iterations becomes a ``phase`` event ``train_interval`` with ``attrs.iterations = k`` and
-  ``attrs.step_time_s`` = the reported average: per-step positions are not in the log, and
-  inventing them would fake the step-time spread.
+  by ``[YYYY-MM-DD HH:MM:SS[.ffffff]]``). A line reports the *average* over the iterations since the
+  previous line (``--log-interval``). A line covering one iteration becomes a ``step`` event; a line
+  covering ``k > 1`` iterations becomes a ``phase`` event ``train_interval`` with
+  ``attrs.iterations = k`` and ``attrs.step_time_s`` = the reported average: per-step positions are
+  not in the log, and inventing them would fake the step-time spread. ``using world size: N`` gives
+  the job's device count.
 * **torchtitan** ``[titan] 2025-01-01 12:00:00,123 - root - INFO - step: 10  loss: 7.1  memory:
   30.12GiB(38.1%)  tps: 6,123  tflops: 123.4  mfu: 39.6%`` (ANSI colours stripped). The window of a
   line runs from the previous line's time; same one-step / interval rule as Megatron. ``memory`` is
-  the peak reserved memory (→ ``mem_peak_bytes``), ``tps`` tokens/s per GPU.
+  the peak reserved memory (→ ``mem_peak_bytes``), ``tps`` tokens/s per GPU. The trainer's start
+  line (``… global batch size 16, … sequence length 2048 …``) gives the tokens of a step.
 * **NeMo / Lightning** progress bars ``global_step=49.0, …, train_step_timing in s=2.54`` (tqdm,
-  ``\\r``-separated). Each distinct ``global_step`` is one ``step`` event of the given duration. The
-  bars carry no wall-clock time: steps are placed back to back from ``anchor_ns`` (default 0, i.e.
-  relative time, flagged in ``run.json``).
+  ``\\r``-separated) and NeMo 2 ``ProgressPrinter`` lines (``| global_step: 1 | … | train_step_timing
+  in s: 2.008``). Each distinct ``global_step`` is one ``step`` event of the given duration. The
+  lines carry no wall-clock time: steps are placed back to back from ``anchor_ns`` (``--anchor``),
+  which such a log requires.
 * **MLPerf** result logs: ``tracked_stats`` via :mod:`powertrain.importers.mlperf`.
 
 Times in logs are local wall-clock of the logging machine (``tz``). A ``[rankN]:`` prefix sets the
-rank; otherwise events go to rank 0.
+rank; otherwise events go to rank 0. Every step is in the measured window except the first
+``warmup_steps`` (default 0; :func:`powertrain.importers.common.mark_window`). Batch counts in these
+logs are the whole job's, so per-device throughput needs the job's device count (``run.json``
+``job_device_count``, null when the log does not state it).
 """
 
 from __future__ import annotations
@@ -29,11 +35,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, open_text, resolve_zone
+from powertrain.importers.common import (
+    ANCHOR_HELP,
+    RunBuilder,
+    SourceFormatError,
+    events_table,
+    iso,
+    mark_window,
+    open_text,
+    resolve_zone,
+    set_job_devices,
+)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANK = re.compile(r"^\s*\[rank(\d+)\]:\s?")
-_MEG_TS = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})\]")
+_MEG_TS = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,6}))?\]")
+_MEG_WORLD = re.compile(r"(?:using world size:|^\s*world_size\s*\.+)\s*(\d+)")
+_TITAN_BATCH = re.compile(r"global batch size (\d+),.*?sequence length (\d+)")
 _TITAN_TS = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
 _TITAN_FIELDS = re.compile(
     r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>[-+0-9.eEnaNif]+)"
@@ -56,7 +74,7 @@ def sniff(path: Path) -> str | None:
         return "mlperf"
     if "elapsed time per iteration (ms)" in head:
         return "megatron"
-    if "train_step_timing in s=" in head:
+    if "train_step_timing in s" in head:
         return "nemo"
     if re.search(r"step:\s*\d+\s+loss:", _ANSI.sub("", head)):
         return "torchtitan"
@@ -78,14 +96,18 @@ def _interval_event(rank: int, step: int, k: int, t_end: int, dur_ns: int, **col
             "t_end_ns": t_end, **cols, "attrs": {**attrs, "iterations": k, "first_step": step - k + 1}}
 
 
-def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None, anchor_ns: int) -> list[dict[str, Any]]:
+def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None,
+                   anchor_ns: int | None) -> tuple[list[dict[str, Any]], bool]:
+    """Step events of a Megatron log and whether ``anchor_ns`` placed them (the log had no times)."""
     events: list[dict[str, Any]] = []
     prev_iter = 0
-    t_rel = anchor_ns
+    t_rel = 0
     timed = None
     with open_text(path) as f:
         for lineno, raw in enumerate(f, 1):
             if "elapsed time per iteration (ms)" not in raw:
+                if "world size" in raw or "world_size" in raw:
+                    _world_size(raw, b)
                 continue
             line = _ANSI.sub("", raw)
             rank = int(m.group(1)) if (m := _RANK.match(line)) else 0
@@ -109,9 +131,11 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
             ts = _MEG_TS.search(line)
             if timed is None:
                 timed = ts is not None
+                if not timed:
+                    t_rel = _need_anchor(path, anchor_ns)
             dur = round(ms * 1e6 * k)
             if ts:
-                t_end = _ts(ts.group(1), tz)
+                t_end = _ts(ts.group(1), tz, ts.group(2))
             else:
                 t_rel += dur
                 t_end = t_rel
@@ -127,20 +151,37 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
     if not events:
         raise SourceFormatError(path, None, "no Megatron iteration lines found")
     b.mapped.update({"Megatron elapsed time per iteration (ms)": "step duration (× iterations in the line)",
-                     "Megatron lm loss": "events.loss", "Megatron global batch size": "events.samples",
+                     "Megatron lm loss": "events.loss", "Megatron global batch size": "events.samples (the job's)",
                      "Megatron throughput per GPU (TFLOP/s/GPU)": "attrs.tflops_per_gpu"})
     if not timed:
-        _relative(b, path)
+        _anchored(b, path, anchor_ns)
     if seq_len is None:
-        b.drop("Megatron tokens: the log has no sequence length; pass seq_len to fill events.tokens")
-    return events
+        b.drop("Megatron tokens: the log has no sequence length; pass --seq-len to fill events.tokens")
+    return events, not timed
 
 
-def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo) -> list[dict[str, Any]]:
+def _world_size(line: str, b: RunBuilder) -> None:
+    """Megatron's ``using world size: N, …`` / ``world_size …… N`` argument dump: the job's device count."""
+    m = _MEG_WORLD.search(_ANSI.sub("", line))
+    if m and "job_device_count" not in b.info:
+        set_job_devices(b, int(m.group(1)), "Megatron log: world size (one rank per device)")
+
+
+def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     prev: tuple[int, int] | None = None
+    tokens_per_step: int | None = None
     with open_text(path) as f:
         for lineno, raw in enumerate(f, 1):
+            if "global batch size" in raw and (mb := _TITAN_BATCH.search(_ANSI.sub("", raw))):
+                # the trainer's start line states the job's batch: tokens of one step, all ranks together
+                gbs, log_seq = int(mb.group(1)), int(mb.group(2))
+                if seq_len is not None and seq_len != log_seq:
+                    raise SourceFormatError(path, lineno, f"the log says sequence length {log_seq}, --seq-len says "
+                                                          f"{seq_len}: drop --seq-len or fix it")
+                tokens_per_step = gbs * log_seq
+                b.info.setdefault("torchtitan", {}).update(global_batch_size=gbs, seq_len=log_seq, source_line=lineno)
+                continue
             if "step:" not in raw or "loss:" not in raw:
                 continue
             line = _ANSI.sub("", raw)
@@ -166,6 +207,7 @@ def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo) -> list[dict[str,
                      "mfu_pct": _num(m.group("mfu")), "source_line": lineno}
             events.append(_interval_event(rank, step, k, t, t - prev[1], loss=_num(m.group("loss")),
                                           mem_peak_bytes=int(mem * (1 << 30)) if mem is not None else None,
+                                          tokens=tokens_per_step * k if tokens_per_step else None,
                                           attrs={a: v for a, v in attrs.items() if v is not None}))
             prev = (step, t)
     if not events:
@@ -173,47 +215,69 @@ def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo) -> list[dict[str,
     b.mapped.update({"torchtitan step/loss": "events step (window = previous line to this one)",
                      "torchtitan memory (GiB, max reserved)": "events.mem_peak_bytes",
                      "torchtitan tps/tflops/mfu": "attrs.tps_per_gpu / tflops_per_gpu / mfu_pct"})
+    if tokens_per_step:
+        b.mapped["torchtitan global batch size × sequence length"] = "events.tokens (the job's, per step)"
+    else:
+        b.drop("torchtitan tokens: no 'global batch size …, sequence length …' start line in the log")
     return events
 
 
-def parse_nemo(path: Path, b: RunBuilder, anchor_ns: int) -> list[dict[str, Any]]:
+def parse_nemo(path: Path, b: RunBuilder, anchor_ns: int | None, seq_len: int | None) -> list[dict[str, Any]]:
+    """NeMo 1 progress bars and NeMo 2 ``ProgressPrinter`` lines: durations only, placed from the anchor."""
     events: list[dict[str, Any]] = []
     seen: set[int] = set()
-    t = anchor_ns
     with open_text(path) as f:
         text = f.read()
+    t = 0
+    consumed: dict[int, float] = {}
     lineno = 1
     for chunk in re.split(r"(\r|\n)", text):
         if chunk == "\n":
             lineno += 1
             continue
-        if "train_step_timing in s=" not in chunk:
+        if "train_step_timing in s" not in chunk:
             continue
-        ms, mt = _NEMO_STEP.search(chunk), _NEMO_TIMING.search(chunk)
-        if not ms or not mt:
+        fields = parse_step_line("nemo", chunk)
+        if fields is None or "step" not in fields or "step_time_s" not in fields:
             raise SourceFormatError(path, lineno, "progress line with train_step_timing but no global_step")
-        step = int(float(ms.group(1)))
+        step = int(fields["step"])
         if step in seen:
             continue
+        if not seen:
+            t = _need_anchor(path, anchor_ns)
         seen.add(step)
-        dur = round(float(mt.group(1)) * 1e9)
-        loss = _NEMO_LOSS.search(chunk)
-        samples = _NEMO_SAMPLES.search(chunk)
+        dur = round(float(fields["step_time_s"]) * 1e9)
+        if "consumed_samples" in fields:
+            consumed[step] = float(fields["consumed_samples"])
+        gbs = fields.get("global_batch_size")
+        if gbs is None and step in consumed and step - 1 in consumed:
+            gbs = consumed[step] - consumed[step - 1]  # NeMo 1 bars carry only the running total
+        samples = int(gbs) if gbs else None
         events.append({"rank": 0, "kind": "step", "name": "train_step", "step": step, "t_start_ns": t,
-                       "t_end_ns": t + dur, "loss": float(loss.group(1)) if loss else None,
+                       "t_end_ns": t + dur, "loss": fields.get("loss"), "samples": samples,
+                       "tokens": samples * seq_len if samples and seq_len else None,
                        "attrs": {"train_step_timing_s": dur / 1e9, "source_line": lineno,
-                                 "consumed_samples": float(samples.group(1)) if samples else None}})
+                                 "consumed_samples": fields.get("consumed_samples")}})
         t += dur
     if not events:
         raise SourceFormatError(path, None, "no NeMo/Lightning progress line with train_step_timing")
-    b.mapped["NeMo train_step_timing in s"] = "events step, back to back"
-    _relative(b, path)
+    b.mapped["NeMo train_step_timing in s"] = "events step, back to back from --anchor"
+    b.mapped["NeMo global_batch_size (or consumed_samples difference)"] = "events.samples (the job's)"
+    _anchored(b, path, anchor_ns)
     return events
 
 
-def _relative(b: RunBuilder, path: Path) -> None:
-    b.info["time_origin"] = "the log has no wall-clock times: steps are placed back to back from the anchor (default t = 0)"
-    b.warn(f"{path}: no wall-clock times in the log; step times are relative (pass an anchor to place them)")
+def _need_anchor(path: Path, anchor_ns: int | None) -> int:
+    """The anchor of a log without wall-clock times, or the one-line refusal naming ``--anchor``."""
+    if anchor_ns is None:
+        raise SourceFormatError(path, None, f"the log has no wall-clock times: {ANCHOR_HELP} for when its first "
+                                            "step started")
+    return anchor_ns
+
+
+def _anchored(b: RunBuilder, path: Path, anchor_ns: int | None) -> None:
+    b.info["time_origin"] = (f"{path.name} has no wall-clock times: its steps are placed back to back from "
+                             f"--anchor {iso(anchor_ns)} (the first step's start)")
 
 
 def _num(v: str | None) -> float | None:
@@ -229,15 +293,23 @@ def import_framework_log(
     paths: Sequence[str | Path],
     tz: str | None = None,
     seq_len: int | None = None,
-    anchor_ns: int = 0,
+    anchor_ns: int | None = None,
+    warmup_steps: int | None = None,
     name: str | None = None,
 ) -> RunBuilder:
-    """Import training logs (engine sniffed per file) as step events."""
+    """Import training logs (engine sniffed per file) as step events.
+
+    ``anchor_ns`` (epoch ns) places the first step of a log without wall-clock times (NeMo progress
+    bars, Megatron without stamps); such a log without it is refused, and an anchor no log needs is
+    refused too. The first ``warmup_steps`` steps are the warm-up window, the rest measured.
+    """
     tzinfo, tzname = resolve_zone(tz)
     b = RunBuilder(format="framework_log", name=name)
     b.info["import_timezone"] = {"zone": tzname, "note": "log times are local wall-clock"}
     events: list[dict[str, Any]] = []
     engines = []
+    anchor_used = False
+    declared = None
     for p in map(Path, paths):
         engine = sniff(p)
         if engine is None:
@@ -246,17 +318,30 @@ def import_framework_log(
         b.add_source(p, role=f"{engine} log")
         engines.append(engine)
         if engine == "megatron":
-            events += parse_megatron(p, b, tzinfo, seq_len, anchor_ns)
+            ev, used = parse_megatron(p, b, tzinfo, seq_len, anchor_ns)
+            events += ev
+            anchor_used |= used
         elif engine == "torchtitan":
-            events += parse_torchtitan(p, b, tzinfo)
+            events += parse_torchtitan(p, b, tzinfo, seq_len)
         elif engine == "nemo":
-            events += parse_nemo(p, b, anchor_ns)
+            events += parse_nemo(p, b, anchor_ns, seq_len)
+            anchor_used = True
         else:
             from powertrain.importers.mlperf import read_result_log
 
             ev, facts = read_result_log(p, b)
             events += ev
+            declared = "MLPerf run_start → run_stop"
             b.info["mlperf"] = {k: facts.get(k) for k in ("run_start_ms", "run_stop_ms", "status", "train_steps")}
+    if anchor_ns is not None and not anchor_used:
+        raise ValueError("--anchor is only for logs without wall-clock times, and every log given has its own: "
+                         "drop --anchor")
+    # only the format's own measured steps (MLPerf: inside run_start → run_stop) take part in the window
+    mark_window([e for e in events if not (e.get("attrs") or {}).get("outside_run_window")],
+                warmup_steps, b, declared=declared)
+    if "job_device_count" not in b.info:
+        set_job_devices(b, None, f"{'/'.join(sorted(set(engines)))} log states no world size: per-device "
+                                 "throughput unknown")
     b.info["engines"] = engines
     b.add_events(events_table(events))
     return b

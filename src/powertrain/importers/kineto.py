@@ -36,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table
+from powertrain.importers.common import (
+    RunBuilder,
+    SourceFormatError,
+    events_table,
+    mark_window,
+    set_job_devices,
+)
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COLLECTIVES = ("allreduce", "allgather", "reducescatter", "sendrecv", "broadcast", "alltoall", "reduce",
@@ -237,8 +243,14 @@ def hta_overlap_pct(files: Sequence[Path]) -> dict[str, float]:
     return {str(int(r)): float(v) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"], strict=True)}
 
 
-def import_kineto(paths: Sequence[str | Path], name: str | None = None, hta: bool = False) -> RunBuilder:
-    """Import one Kineto trace per rank (files or folders of ``*.json`` / ``*.json.gz``)."""
+def import_kineto(paths: Sequence[str | Path], name: str | None = None, hta: bool = False,
+                  warmup_steps: int | None = None) -> RunBuilder:
+    """Import one Kineto trace per rank (files or folders of ``*.json`` / ``*.json.gz``).
+
+    Every profiled step is measured except the first ``warmup_steps`` (default 0: the profiler
+    schedule's own warm-up steps are not recorded as ``ProfilerStep`` annotations). The job's device
+    count is the traces' ``distributedInfo.world_size`` (one rank per device).
+    """
     b = RunBuilder(format="kineto", name=name)
     files: list[Path] = []
     for p in map(Path, paths):
@@ -266,5 +278,15 @@ def import_kineto(paths: Sequence[str | Path], name: str | None = None, hta: boo
     if hta:
         b.info["kineto"]["hta_comp_comm_overlap_pct"] = hta_overlap_pct(files)
         b.info["kineto"]["hta_note"] = "HTA: whole trace per rank; ours: inside ProfilerStep windows"
+    worlds = {s["world_size"] for s in summaries.values()}
+    if len(worlds) == 1 and None not in worlds:
+        set_job_devices(b, int(worlds.pop()), "Kineto distributedInfo.world_size (one rank per device)")
+    elif len(worlds) > 1:
+        b.warn(f"the traces disagree on distributedInfo.world_size ({sorted(worlds, key=str)}); "
+               "per-device throughput unknown")
+        set_job_devices(b, None, "traces disagree on distributedInfo.world_size")
+    else:
+        set_job_devices(b, None, "no distributedInfo.world_size in the traces")
+    mark_window(events, warmup_steps, b)
     b.add_events(events_table(events))
     return b

@@ -11,7 +11,11 @@ Inputs (any mix, files or folders; ``.gz`` is read transparently):
   ``tracked_stats`` ``{"train_step_timing in s": x}`` become ``step`` events (``t_end`` = the log
   time, ``t_start = t_end - x``), ``{"throughput": x}`` (Llama-2 LoRA) become ``phase`` events
   ``train_block`` spanning the previous tracked point to this one. All events are on rank 0: the log
-  describes the whole job, so ``tokens`` / ``samples`` of a step are the global batch's.
+  describes the whole job, so ``tokens`` / ``samples`` of a step are the global batch's. The
+  measured window is the format's own: the steps inside run_start → run_stop (less the first
+  ``warmup_steps``, default 0).
+* ``system_*.json`` — the system description: ``number_of_nodes × accelerators_per_node`` is the
+  job's device count (``run.json`` ``job_device_count``), which per-device throughput divides by.
 * ``total_power.txt`` — the submitter's energy (kWh), kept for comparison.
 
 Everything is on the log's own epoch-ms clock, shared by all nodes. Per-step energy (attrs
@@ -37,7 +41,9 @@ from powertrain.importers.common import (
     RunBuilder,
     SourceFormatError,
     events_table,
+    mark_window,
     open_text,
+    set_job_devices,
     telemetry_table,
 )
 from powertrain.importers.energy import energy_between_j
@@ -214,11 +220,12 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
                 events.append({
                     "rank": 0, "kind": "step", "name": "train_step", "step": step,
                     "t_start_ns": round((tms - timing * 1000.0) * ms), "t_end_ns": tms * ms,
-                    "window": "measured" if run_start <= tms <= run_stop else None,
+                    "window": None,  # set by mark_window; steps outside run_start → run_stop stay null
                     "tokens": int(per_step) if per_step is not None and seq else None,
                     "samples": int(gbs) if gbs else None,
                     "attrs": {"train_step_timing_s": timing, "mlperf_step": cum, "tokens_scope": "job",
-                              "source_line": lineno},
+                              "source_line": lineno,
+                              **({} if run_start <= tms <= run_stop else {"outside_run_window": True})},
                 })
             elif "validation_step_timing in s" in value:
                 pass  # inside an eval window; the eval event already covers it
@@ -244,17 +251,48 @@ def read_total(path: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def import_mlperf(paths: Sequence[str | Path], name: str | None = None) -> RunBuilder:
-    """Parse MLPerf power and result logs into a :class:`RunBuilder` (call ``.write(out)``)."""
+def read_system(path: Path) -> int | None:
+    """Accelerators of the job from an MLPerf system description (``system_*.json``):
+    ``number_of_nodes × accelerators_per_node``; ``None`` when either is missing or not a number."""
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except json.JSONDecodeError as exc:
+        raise SourceFormatError(path, exc.lineno, f"not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise SourceFormatError(path, 1, "an MLPerf system description is a JSON object")
+    nodes, per_node = _number(data.get("number_of_nodes")), _number(data.get("accelerators_per_node"))
+    return int(nodes * per_node) if nodes and per_node else None
+
+
+def import_mlperf(paths: Sequence[str | Path], name: str | None = None,
+                  warmup_steps: int | None = None) -> RunBuilder:
+    """Parse MLPerf power and result logs into a :class:`RunBuilder` (call ``.write(out)``).
+
+    The measured window is the format's own: the steps inside run_start → run_stop, less the first
+    ``warmup_steps`` of them (default 0). The job's device count comes from ``system_*.json``.
+    """
     b = RunBuilder(format="mlperf", name=name)
     groups = classify(paths, b)
     if not groups["power"] and not groups["result"]:
         raise SourceFormatError(paths[0], None, "no MLPerf node_<N>.txt power log or result_*.txt log found")
+    devices: dict[str, int | None] = {}
     for f in groups["other"]:
         if f.name.startswith("sw_"):
             b.drop(f"{f.name}: interconnect switch power estimate (its timestamps are not on the run's clock)")
+        elif f.name.startswith("system") and f.suffix == ".json":
+            b.add_source(f, role="system description")
+            devices[f.name] = read_system(f)
         elif f.suffix not in (".json", ".md"):
             b.drop(f"{f.name}: not an MLPerf power or result log")
+    counts = set(devices.values())
+    if len(counts) == 1 and None not in counts:
+        set_job_devices(b, counts.pop(), f"MLPerf {', '.join(sorted(devices))}: number_of_nodes × accelerators_per_node")
+    elif len(counts) > 1:
+        b.warn(f"MLPerf system descriptions disagree on the device count ({devices}); per-device throughput unknown")
+        set_job_devices(b, None, f"MLPerf system descriptions disagree: {devices}")
+    else:
+        set_job_devices(b, None, "no MLPerf system_*.json (number_of_nodes × accelerators_per_node) among the "
+                                 "sources: pass the submission's run folder or that file to know it")
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in groups["power"]:
         b.add_source(f, role="power")
@@ -292,6 +330,8 @@ def import_mlperf(paths: Sequence[str | Path], name: str | None = None) -> RunBu
                "that logs run_start is read); configuration records are kept in run.json mlperf.facts")
     if series and events:
         _add_energy(events, series, summary, b)
+    mark_window([e for e in events if not e["attrs"].get("outside_run_window")], warmup_steps, b,
+                declared="MLPerf run_start → run_stop")
     b.add_events(events_table(events))
     b.info["mlperf"] = summary
     return b

@@ -2,15 +2,19 @@
 
 * **energy windows** (``ZeusMonitor`` / power-limit optimizer CSV)
   ``start_time,window_name,elapsed_time,gpu<i>_energy[,...]`` → one ``phase`` event per window on
-  rank 0, named after the window, with ``attrs.energy_j = {"gpu<i>": J}`` and the sum. Zeus stamps
-  windows with ``time.monotonic()`` in the files we know, so a start time before 2001 is kept as-is
-  and flagged in ``run.json`` (``time_origin``: not the epoch).
+  rank 0, named after the window, with ``attrs.energy_j = {"gpu<i>": J}`` and the sum. Windows are
+  not steps (a window spans an unrecorded number of iterations), so they carry no step window. Zeus
+  stamps windows with ``time.monotonic()`` in the files we know: a start time before 2001 needs
+  ``anchor_ns`` (``--anchor``), which places the first window; the others keep their spacing.
 * **power samples** ``Time,Power`` (Power in **milliwatts**, ``Time`` local wall-clock) →
   telemetry ``power_w`` of ``node0/gpu0``.
 * **Perseus** profiles (``<plan>.prof.json``: per-rank ``iter_time`` s and ``iter_energy`` J lists)
-  → ``step`` events per rank, back to back from t = 0 (the source holds durations, not times;
-  ``run.json`` says so), with ``attrs.energy_j`` = that rank's GPU energy for the iteration.
-  The per-microbatch ``time_breakdown`` has no positions in time and is dropped (listed).
+  → ``step`` events per rank, back to back from ``anchor_ns`` (the source holds durations, not
+  times; refused without an anchor), with ``attrs.energy_j`` = that rank's GPU energy for the
+  iteration. Every iteration is measured except the first ``warmup_steps``; the profile's ranks are
+  the job's devices (``run.json`` ``job_device_count``). Several plans follow one another, their
+  iterations numbered on. The per-microbatch ``time_breakdown`` has no positions in time and is
+  dropped (listed).
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ from typing import Any
 import numpy as np
 
 from powertrain.importers.common import (
+    ANCHOR_HELP,
     RunBuilder,
     SourceFormatError,
     events_table,
+    iso,
+    mark_window,
     open_text,
     resolve_zone,
+    set_job_devices,
     telemetry_table,
 )
 
@@ -53,7 +61,8 @@ def sniff(path: Path) -> str | None:
     return None
 
 
-def read_windows(path: Path, b: RunBuilder) -> list[dict[str, Any]]:
+def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Window events, and whether ``anchor_ns`` placed them (monotonic-clock start times)."""
     events = []
     with open_text(path) as f:
         reader = csv.reader(f)
@@ -80,10 +89,18 @@ def read_windows(path: Path, b: RunBuilder) -> list[dict[str, Any]]:
                                      "elapsed_s": elapsed, "source": path.name}})
     b.mapped["start_time,elapsed_time,window_name"] = "events phase (rank 0) per window"
     b.mapped["<gpu>_energy (J)"] = "event attrs.energy_j[<gpu>]"
-    if relative:
-        b.info["time_origin"] = "zeus window start_time is time.monotonic() (not the epoch): times are relative"
-        b.warn(f"{path}: window start times are monotonic-clock seconds, not epoch time; kept as relative times")
-    return events
+    if relative and events:
+        if anchor_ns is None:
+            raise SourceFormatError(path, None, "window start times are time.monotonic() seconds, not wall-clock: "
+                                                f"{ANCHOR_HELP} for the first window's start")
+        shift = anchor_ns - min(e["t_start_ns"] for e in events)  # monotonic zero (boot) is unknown
+        for e in events:
+            e["t_start_ns"] += shift
+            e["t_end_ns"] += shift
+            e["attrs"]["monotonic_start_s"] = (e["t_start_ns"] - shift) / 1e9
+        b.info["time_origin"] = (f"{path.name}: zeus window start_time is time.monotonic(), not the epoch; the "
+                                 f"first window is placed at --anchor {iso(anchor_ns)}, the others keep their spacing")
+    return events, relative
 
 
 def read_power(path: Path, b: RunBuilder, tz: dt.tzinfo) -> None:
@@ -112,7 +129,8 @@ def read_power(path: Path, b: RunBuilder, tz: dt.tzinfo) -> None:
     b.mapped["Power (mW)"] = "telemetry.power_w (÷1000) of node0/gpu0"
 
 
-def read_perseus(path: Path, b: RunBuilder, offset_ns: int = 0) -> list[dict[str, Any]]:
+def read_perseus(path: Path, b: RunBuilder, offset_ns: int, first_step: int = 0) -> list[dict[str, Any]]:
+    """Per-rank iterations of one profile, back to back from ``offset_ns``, numbered from ``first_step``."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -129,23 +147,36 @@ def read_perseus(path: Path, b: RunBuilder, offset_ns: int = 0) -> list[dict[str
         t = offset_ns
         for i, it in enumerate(times):
             dur = round(float(it) * 1e9)
-            events.append({"rank": rank, "kind": "step", "name": "iteration", "step": i, "t_start_ns": t,
-                           "t_end_ns": t + dur,
-                           "attrs": {"energy_j": float(energies[i]) if energies else None,
+            events.append({"rank": rank, "kind": "step", "name": "iteration", "step": first_step + i,
+                           "t_start_ns": t, "t_end_ns": t + dur,
+                           "attrs": {"energy_j": float(energies[i]) if energies else None, "iteration": i,
                                      "frequency_plan": plan, "source": path.name}})
             t += dur
-    b.mapped["iter_time (s)"] = "events step per rank, back to back from t=0"
+    b.mapped["iter_time (s)"] = "events step per rank, back to back from --anchor"
     b.mapped["iter_energy (J)"] = "step attrs.energy_j (that rank's GPU)"
     b.drop("time_breakdown / energy_breakdown: per-instruction durations without positions in time")
-    b.info["time_origin"] = "perseus profiles hold durations only: steps start at t = 0 (1970-01-01)"
+    ranks = len(data)
+    prev = b.info.get("job_device_count")
+    if prev is not None and prev != ranks:
+        raise SourceFormatError(path, None, f"{ranks} ranks, but an earlier profile of this import has {prev}: "
+                                            "import one job at a time")
+    set_job_devices(b, ranks, "Perseus profile: one entry per rank of the job (one rank per GPU)")
     return events
 
 
-def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | None = None) -> RunBuilder:
-    """Import Zeus window CSVs, Zeus power-sample CSVs and Perseus profiles (sniffed per file)."""
+def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | None = None,
+                anchor_ns: int | None = None, warmup_steps: int | None = None) -> RunBuilder:
+    """Import Zeus window CSVs, Zeus power-sample CSVs and Perseus profiles (sniffed per file).
+
+    Sources without wall-clock times (Perseus profiles, monotonic-clock window CSVs) are placed at
+    ``anchor_ns`` (epoch ns, ``--anchor``) and refused without it. Perseus iterations are steps: all
+    measured except the first ``warmup_steps`` (default 0).
+    """
     tzinfo, tzname = resolve_zone(tz)
     b = RunBuilder(format="zeus", name=name)
     events: list[dict[str, Any]] = []
+    anchor_used = False
+    perseus: list[str] = []
     for p in map(Path, paths):
         kind = sniff(p)
         if kind is None:
@@ -153,12 +184,28 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
                                           "power CSV (Time,Power) or Perseus .prof.json")
         b.add_source(p, role=f"zeus {kind}")
         if kind == "window":
-            events += read_windows(p, b)
+            ev, used = read_windows(p, b, anchor_ns)
+            events += ev
+            anchor_used |= used
         elif kind == "power":
             read_power(p, b, tzinfo)
             b.info["import_timezone"] = {"zone": tzname, "note": "Zeus power CSV times are local wall-clock"}
         else:
-            # several plans in one import run one after another, in the order given
-            events += read_perseus(p, b, offset_ns=max((e["t_end_ns"] for e in events), default=0))
+            if anchor_ns is None:
+                raise SourceFormatError(p, None, "a Perseus profile holds durations, not wall-clock times: "
+                                                 f"{ANCHOR_HELP} for the first iteration's start")
+            # several plans in one import run one after another, in the order given, steps numbered on
+            prior = [e for e in events if e["kind"] == "step"]
+            events += read_perseus(p, b, offset_ns=max((e["t_end_ns"] for e in prior), default=anchor_ns),
+                                   first_step=max((e["step"] for e in prior), default=-1) + 1)
+            anchor_used = True
+            perseus.append(p.name)
+    if anchor_ns is not None and not anchor_used:
+        raise ValueError("--anchor is only for sources without wall-clock times (Perseus profiles, monotonic "
+                         "Zeus windows), and none was given: drop --anchor")
+    if perseus:
+        b.info["time_origin"] = (f"Perseus profiles ({', '.join(perseus)}) hold durations only: iterations are "
+                                 f"placed back to back from --anchor {iso(anchor_ns)}")
+    mark_window(events, warmup_steps, b)
     b.add_events(events_table(events))
     return b
