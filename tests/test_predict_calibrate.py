@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from powertrain.cli import app
+from powertrain.hardware import HostProbe, probe_host
 from powertrain.predict import (
     collect_runs,
     fit_profile,
@@ -31,6 +32,18 @@ from powertrain.spec.run import RunConfig
 from powertrain.store import RunDir
 
 TRUTH = Profile(name="truth").with_coefficients(gemm_eff_fp32=0.22, layer_overhead_s=0.004, comm_eff_intra=0.3)
+# What the launcher records in run.json for a CPU run (powertrain.hardware.record_host_probe): one
+# lone rank runs the host's two threads, two ranks one thread each (torchrun's default).
+PROBES = {1: {"matmul_flops": 1.5e11, "copy_bytes_per_s": 2.0e10, "threads": 1, "cores": 2, "method": "fixture"},
+          2: {"matmul_flops": 2.6e11, "copy_bytes_per_s": 4.5e10, "threads": 2, "cores": 2, "method": "fixture"}}
+
+
+def _probe(cfg: RunConfig) -> dict:
+    return PROBES[1 if cfg.hardware.devices_per_node > 1 else 2]
+
+
+def _truth_case(cfg: RunConfig):
+    return case_from_run_config(cfg, host_probe=HostProbe.from_dict(_probe(cfg), "fixture"))
 
 
 def _cfg(name: str, world: int = 1, **layout: object) -> RunConfig:
@@ -53,7 +66,8 @@ LAYOUTS = {
 
 def _write_run(root, cfg: RunConfig, step_s: float, rng: np.random.Generator, world: int) -> RunDir:
     rd = RunDir(root / cfg.name).create()
-    rd.write({"kind": "run", "status": "ok", "name": cfg.name, "config": cfg.model_dump(mode="json")})
+    rd.write({"kind": "run", "status": "ok", "name": cfg.name, "config": cfg.model_dump(mode="json"),
+              "host_probe": _probe(cfg)})
     t = 1_000_000_000
     for rank in range(world):
         rows = []
@@ -71,7 +85,7 @@ def measured(tmp_path_factory):
     rng = np.random.default_rng(0)
     truth = {}
     for name, cfg in LAYOUTS.items():
-        truth[name] = predict(case_from_run_config(cfg), TRUTH).metrics["step_time_mean_s"]
+        truth[name] = predict(_truth_case(cfg), TRUTH).metrics["step_time_mean_s"]
         _write_run(root, cfg, truth[name], rng, cfg.hardware.world)
     return root, truth
 
@@ -90,7 +104,8 @@ def test_calibrate_on_three_predicts_four_others_within_20_percent(measured) -> 
     assert prof.error["step_time_mape"] < prof.error["step_time_mape_before"]
     assert prof.error["step_time_mape"] < 0.05
     for name in ("pp2", "dp1-mb4", "dp2-full", "tp2-sp"):
-        got = predict(case_from_run_config(LAYOUTS[name]), prof).metrics["step_time_mean_s"]
+        # a RunConfig: the profile's probe (the fitted runs'), no fresh probe of this host
+        got = predict(LAYOUTS[name], prof).metrics["step_time_mean_s"]
         assert got == pytest.approx(truth[name], rel=0.20), name
 
 
@@ -128,23 +143,80 @@ def test_cli_errors_name_the_fix(tmp_path) -> None:
 
 
 def test_host_cpu_ranks_split_the_cores_and_gloo_pays_per_collective_call() -> None:
-    import os
     from dataclasses import replace
 
-    from powertrain.hardware import get_device
+    from powertrain.hardware import cpu_device, get_device
     from powertrain.predict.profile import Coefficients
     from powertrain.predict.steptime import step_time
 
-    one, two = case_from_run_config(LAYOUTS["dp1"]), case_from_run_config(LAYOUTS["dp2"])
-    # two ranks share the all-core matmul rate; each keeps the (one-thread) copy bandwidth while
-    # there are cores for both
-    assert two.device.peak("fp32") == pytest.approx(one.device.peak("fp32") / 2)
-    assert two.device.memory_bw == pytest.approx(one.device.memory_bw * min(1.0, (os.cpu_count() or 1) / 2))
+    one_thread = HostProbe.from_dict(PROBES[1], "fixture")
+    # ranks whose threads fit in the cores each keep the probe's rates (2 ranks × 1 thread on 2 cores);
+    # beyond that they share the cores evenly (4 ranks × 1 thread: half each)
+    two, four = cpu_device(one_thread, 2), cpu_device(one_thread, 4)
+    assert two.peak("fp32") == one_thread.matmul_flops and two.memory_bw == one_thread.copy_bytes_per_s
+    assert four.peak("fp32") == pytest.approx(one_thread.matmul_flops / 2)
+    assert four.memory_bw == pytest.approx(one_thread.copy_bytes_per_s / 2)
     c = Coefficients()
-    tp, sp = case_from_run_config(LAYOUTS["tp2"]), case_from_run_config(LAYOUTS["tp2-sp"])
+    tp, sp = _truth_case(LAYOUTS["tp2"]), _truth_case(LAYOUTS["tp2-sp"])
     # SP's all-gather + reduce-scatter move what one all-reduce moves, but on gloo each call pays a
     # rendezvous: twice the calls cost more; on a GPU link (NCCL) the two are the same
     assert step_time(sp, c).breakdown["tp_comm_exposed_s"] > step_time(tp, c).breakdown["tp_comm_exposed_s"]
     gpu = get_device("h100-sxm")
     assert step_time(replace(sp, device=gpu), c).breakdown["tp_comm_exposed_s"] == pytest.approx(
         step_time(replace(tp, device=gpu), c).breakdown["tp_comm_exposed_s"])
+
+
+def test_calibrating_the_same_runs_twice_gives_identical_coefficients(measured) -> None:
+    root, _ = measured
+    paths = [root / "dp1", root / "dp2", root / "tp2"]
+    first = fit_profile(collect_runs(paths), name="a")
+    probe_host.cache_clear()  # a second process would probe afresh: the runs' records must be what counts
+    second = fit_profile(collect_runs(paths), name="a")
+    assert first.coefficients == second.coefficients
+    assert first.error["per_run"] == second.error["per_run"]
+    # the profile keeps the probes it was fitted with: the runs' own records, per rank thread count
+    by_threads = {r["threads"]: r for r in first.host_probes}
+    assert set(by_threads) == {1, 2}
+    for t, rec in by_threads.items():
+        assert rec["matmul_flops"] == PROBES[t]["matmul_flops"]
+        assert rec["copy_bytes_per_s"] == PROBES[t]["copy_bytes_per_s"]
+        assert "recorded in run.json" in rec["how"]
+
+
+def test_a_run_without_a_recorded_probe_gets_a_fresh_one_labelled_so(tmp_path) -> None:
+    rd = _write_run(tmp_path, _cfg("old", 2), 0.5, np.random.default_rng(1), 2)
+    info = json.loads((rd.path / "run.json").read_text())
+    del info["host_probe"]
+    rd.write(info)
+    run = read_measured_run(rd.path)
+    assert run.case.device.probe is not None and "recorded none" in run.case.device.probe.source
+    assert "recorded none" in run.case.device.source
+
+
+def test_predict_three_times_on_a_cpu_spec_gives_identical_step_times(measured, tmp_path) -> None:
+    """Three separate `powertrain predict` processes on the CPU example sweep, with a profile fitted
+    on CPU runs: every step time is identical to the last digit (the profile's probe, not a fresh one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from powertrain.predict.profile import save_profile
+
+    root, _ = measured
+    prof = fit_profile(collect_runs([root / "dp1", root / "dp2", root / "tp2"]), name="cpu-fixture")
+    path = save_profile(prof, tmp_path / "cpu-fixture.yaml")
+    spec = Path(__file__).resolve().parents[1] / "examples" / "cpu-sweep.yaml"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # 2 ranks: torchrun's 1 thread
+    outs = []
+    for _ in range(3):
+        res = subprocess.run([sys.executable, "-m", "powertrain.cli", "predict", str(spec), "--profile", str(path),
+                              "--json"], capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert len(lines) == 8  # JSON lines: one compact object per configuration
+        rows = [json.loads(line) for line in lines]
+        assert all(r["breakdown"]["host_probe"]["source"].startswith("calibration profile") for r in rows)
+        assert "note:" not in res.stderr  # no fresh probe was needed
+        outs.append([(r["config"]["name"], repr(r["metrics"]["step_time_mean_s"])) for r in rows])
+    assert outs[0] == outs[1] == outs[2]

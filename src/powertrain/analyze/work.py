@@ -19,21 +19,18 @@ formula above. ``flops_source`` in a summary says which.
 
 **Peak FLOP/s per device** comes from the hardware catalog (``powertrain.hardware``) for the run's
 device type and precision. For CPUs there is no honest data-sheet number for "this container's
-share of a host", so it is *measured*: a short float32 matmul probe on the analysing host (best of
-several 1024×1024 products), divided among the ranks that share the host, and labelled
-``"measured peak (probe)"``.
+share of a host", so it is *measured*: the host probe (fp32 1024×1024 matmuls, best of several,
+pinned to the ranks' thread count) that the launcher recorded in ``run.json["host_probe"]`` before
+the ranks started, shared among the ranks of the host as :func:`powertrain.hardware.cpu_device`
+does, and labelled ``"measured peak (...)"``. An older run without a record gets a fresh probe of
+the analysing host, labelled so.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import numpy as np
-
 from powertrain.spec.model import ModelConfig, get_model
-
-_PROBE_CACHE: dict[str, float] = {}
 
 
 def _layer_params_active(m: ModelConfig) -> float:
@@ -86,41 +83,39 @@ def hardware_flops_per_token(model: Any, recompute: str) -> float:
         return _model_flops_per_token_local(m) + _recompute_flops_per_token(m, recompute)
 
 
-def cpu_probe_peak_flops(n: int = 1024, repeats: int = 5) -> float:
-    """Measured float32 matmul FLOP/s of this host (all cores numpy's BLAS uses), best of ``repeats``."""
-    key = f"{n}x{repeats}"
-    if key in _PROBE_CACHE:
-        return _PROBE_CACHE[key]
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    a @ b  # warm the BLAS threads and caches
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    _PROBE_CACHE[key] = 2.0 * n**3 / best
-    return _PROBE_CACHE[key]
+def cpu_probe_peak_flops(threads: int | None = None) -> float:
+    """fp32 matmul FLOP/s of this host with ``threads`` threads (default: a lone rank's), a fresh probe."""
+    from powertrain.hardware import probe_host, rank_threads
+
+    return probe_host(threads or rank_threads(1)).matmul_flops
 
 
-def peak_flops_per_device(device: str | None, precision: str, ranks_per_host: int = 1) -> tuple[float | None, str]:
-    """(peak FLOP/s of one device, where the number comes from) — ``None`` with the reason if unknown."""
+def peak_flops_per_device(device: str | None, precision: str, ranks_per_host: int = 1,
+                          host_probe: dict[str, Any] | None = None) -> tuple[float | None, str]:
+    """(peak FLOP/s of one device, where the number comes from) — ``None`` with the reason if unknown.
+
+    CPU: one rank's share of the host probe the run recorded (``run.json["host_probe"]``), so the
+    MFU of a measured run is the same on every re-analysis; a run that recorded none gets a fresh
+    probe of the analysing host, labelled so (it differs from call to call on a busy host).
+    """
     if not device:
         return None, "the run's configuration names no device type"
-    try:
-        import powertrain.hardware as hw  # the hardware catalog (one source of truth)
-    except ImportError:
-        hw = None  # type: ignore[assignment]
-    if device.lower() == "cpu":
+    import powertrain.hardware as hw  # the hardware catalog (one source of truth)
+
+    if hw.is_cpu_name(device):
         share = max(ranks_per_host, 1)
-        if hw is not None:
-            peak = hw.get_device("cpu").peak(precision) / share
+        if host_probe is not None:
+            try:
+                probe = hw.HostProbe.from_dict(host_probe, "run.json host_probe")
+            except ValueError as exc:
+                return None, f"{exc}; re-run to record a complete one"
+            where = "host probe recorded in run.json"
         else:
-            peak = cpu_probe_peak_flops() / share
-        return peak, f"measured peak (probe): fp32 matmul on the analysing host, shared by {share} ranks"
-    if hw is None:
-        return None, f"no hardware catalog installed to look up the peak FLOP/s of {device!r}"
+            probe = hw.probe_host(hw.rank_threads(share))
+            where = "fresh probe of the analysing host (the run recorded none)"
+        peak = hw.cpu_device(probe, share).peak(precision)
+        return peak, (f"measured peak ({where}): fp32 matmul {probe.matmul_flops / 1e9:.1f} GFLOP/s with "
+                      f"{probe.threads} thread(s) per rank, {share} rank(s) on {probe.cores} cores")
     try:
         spec = hw.get_device(device)
         return float(spec.peak(precision)), f"hardware catalog: {spec.name} {precision} dense peak"

@@ -6,6 +6,11 @@ give the step time — per step the slowest rank, then the mean over steps; tele
 where present gives mean power per device) or from any list of (Case, step time) pairs, e.g.
 published runs.
 
+CPU runs: the peak a GEMM efficiency is relative to is the host probe the launcher recorded in
+``run.json["host_probe"]`` before the ranks started; a run without one (made before probes were
+recorded) gets a fresh probe of the calibrating host, labelled so in its device's ``source``. The
+fitted profile keeps the probes (median per rank thread count) so predictions with it reuse them.
+
 The fit minimises the mean absolute log error of step time (and of mean power for the power
 coefficients, where measured) over a handful of named coefficients by Nelder–Mead in log space,
 so every coefficient stays positive. Fewer coefficients than runs, always.
@@ -22,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from powertrain.hardware import HostProbe, is_cpu_name, probe_host, rank_threads
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.core import predict
 from powertrain.predict.profile import COEFFICIENT_NAMES, Profile, load_profile
@@ -82,6 +88,12 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
     if not isinstance(cfg_raw, dict):
         raise ValueError(f"{path}: run.json has no resolved `config`; runs made by `powertrain run` carry one")
     cfg = RunConfig.model_validate(cfg_raw)
+    probe = None
+    if is_cpu_name(cfg.hardware.device):
+        rec = info.get("host_probe")
+        probe = (HostProbe.from_dict(rec, f"run.json of {rd.path.name}") if isinstance(rec, dict) else
+                 replace(probe_host(rank_threads(cfg.hardware.devices_per_node)),
+                         source="fresh probe of this host: the run recorded none"))
     ev = read_events(rd.path)
     mask = pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured"))
     steps = ev.filter(mask)
@@ -99,7 +111,7 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
         dev = tel["device"].to_pylist()
         if len(pw) and any(str(d).startswith("gpu") for d in dev):
             power = float(np.mean(pw))
-    return MeasuredRun(label=str(rd.path), case=case_from_run_config(cfg), step_time_s=step_time,
+    return MeasuredRun(label=str(rd.path), case=case_from_run_config(cfg, host_probe=probe), step_time_s=step_time,
                        power_mean_w=power)
 
 
@@ -204,7 +216,28 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
         "fitted": chosen, "per_run": {r.label: round(e, 4) for r, e in zip(runs, after, strict=True)},
     }
     return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
-                   device=runs[0].case.device.name)
+                   device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+
+
+def fitted_probes(runs: Sequence[MeasuredRun]) -> list[dict[str, Any]]:
+    """The host probes of CPU runs, one record per rank thread count: the median over those runs."""
+    by_threads: dict[int, list[HostProbe]] = {}
+    for r in runs:
+        if r.case.device.probe is not None:
+            by_threads.setdefault(r.case.device.probe.threads, []).append(r.case.device.probe)
+    out = []
+    for threads, probes in sorted(by_threads.items()):
+        # where the probes came from: the runs' own records, or fresh probes at calibration time
+        kinds = sorted({"recorded in run.json" if p.source.startswith("run.json") else p.source for p in probes})
+        out.append({
+            "matmul_flops": float(np.median([p.matmul_flops for p in probes])),
+            "copy_bytes_per_s": float(np.median([p.copy_bytes_per_s for p in probes])),
+            "threads": threads, "cores": probes[0].cores,
+            "method": "; ".join(sorted({p.method for p in probes})),
+            "runs": len(probes),
+            "how": f"median of the {len(probes)} fitted run(s)' probes ({'; '.join(kinds)})",
+        })
+    return out
 
 
 def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:

@@ -14,10 +14,17 @@ one NVLink domain (a node, or 72 GPUs of an NVL72 rack). So TP groups stay insid
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from powertrain.hardware import DeviceSpec, get_device
+from powertrain.hardware import (
+    DeviceSpec,
+    HostProbe,
+    cpu_device,
+    get_device,
+    is_cpu_name,
+    probe_host,
+    rank_threads,
+)
 
 GATED_FAMILIES = ("llama", "mixtral")
 
@@ -103,8 +110,24 @@ class Case:
         return max(1, min(size, d // stride)) if stride <= d else 1
 
 
-def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
-    """Flatten a :class:`~powertrain.spec.run.RunConfig` (resolving dp from the world size)."""
+def cpu_probe_for(ranks_per_node: int, profile: object | None = None) -> HostProbe:
+    """The host probe a CPU prediction uses: the profile's, for the thread count the ranks would run
+    with (:func:`~powertrain.hardware.rank_threads`), else a fresh probe of this host (its
+    ``source`` says so)."""
+    threads = rank_threads(ranks_per_node)
+    stored = getattr(profile, "host_probe", None)
+    got = stored(threads) if callable(stored) else None
+    return got if got is not None else probe_host(threads)
+
+
+def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
+                         host_probe: HostProbe | None = None, profile: object | None = None) -> Case:
+    """Flatten a :class:`~powertrain.spec.run.RunConfig` (resolving dp from the world size).
+
+    ``device`` is one rank's device as is. Otherwise a CPU run's device is one rank's share of a
+    host probe: ``host_probe`` (a measured run's recorded one), else the ``profile``'s, else a
+    fresh probe of this host.
+    """
     from powertrain.spec.run import RunConfig
 
     assert isinstance(cfg, RunConfig)
@@ -117,15 +140,13 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None) -> Case:
             lay.resolve(hw.world)  # raises with the fix
         dp = hw.world // rest
     ov = k.overlap
-    dev = device or get_device(hw.device)
-    if dev.measured and hw.devices_per_node > 1:
-        n = hw.devices_per_node
-        # ranks on one host CPU split its cores: the all-core matmul probe's FLOP/s divide among them.
-        # The copy probe is one thread's bandwidth, and a rank's elementwise ops on small tensors run
-        # on one thread, so each rank keeps it until the ranks outnumber the cores.
-        cores = os.cpu_count() or 1
-        dev = replace(dev, peak_flops={k: v / n for k, v in dev.peak_flops.items()},
-                      memory_bw=dev.memory_bw * min(1.0, cores / n))
+    if device is not None:
+        dev = device
+    elif is_cpu_name(hw.device):
+        # ranks on one host CPU split its cores (see hardware.cpu_device)
+        dev = cpu_device(host_probe or cpu_probe_for(hw.devices_per_node, profile), hw.devices_per_node)
+    else:
+        dev = get_device(hw.device)
     return Case(
         layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,

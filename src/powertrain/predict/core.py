@@ -75,18 +75,27 @@ def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock:
         "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "vp": case.vp,
                    "micro_batches": case.micro_batches},
         "device": case.device.name,
+        "device_source": case.device.source,
+        # a CPU's peak comes from a host probe: which one (a profile's, a run's, or a fresh one)
+        "host_probe": None if case.device.probe is None else
+        {**case.device.probe.to_dict(), "source": case.device.probe.source},
     }
 
 
-def _as_case(cfg: Any) -> Case:
-    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg)
+def _as_case(cfg: Any, prof: Profile) -> Case:
+    # a CPU RunConfig takes the profile's host probe (what its coefficients were fitted against)
+    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg, profile=prof)
 
 
 def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
-    """Predict one configuration (a RunConfig or a Case) with a calibration profile."""
+    """Predict one configuration (a RunConfig or a Case) with a calibration profile.
+
+    A CPU RunConfig uses the profile's host probe for its thread count, else a fresh probe of this
+    host; ``breakdown["host_probe"]["source"]`` says which.
+    """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     c = prof.coefficients
-    case = _as_case(cfg)
+    case = _as_case(cfg, prof)
     dev = case.device
     world = case.world
     sh = shape_of(case)

@@ -6,6 +6,11 @@ phase draws) plus the error it had on the runs it was fitted to. ``default`` shi
 (fitted on ``calibration_runs.yaml`` by ``benchmarks/predict_accuracy.py --refit``); users write
 their own with ``powertrain calibrate``. Profiles are looked up as a path, then in
 ``$POWERTRAIN_PROFILES`` / ``~/.config/powertrain/profiles``, then among the shipped ones.
+
+A profile fitted on CPU runs also keeps ``host_probes``: the host probe (fp32 matmul FLOP/s and copy
+bandwidth, per rank thread count) its runs were measured with, the median over the runs. Its GEMM
+efficiency is relative to that probe, so predictions with the profile use the same numbers instead
+of probing the host again (which on a shared machine reads differently on every call).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from powertrain.hardware import HostProbe
 
 SHIPPED_DIR = Path(__file__).with_name("profiles")
 
@@ -90,13 +97,23 @@ class Profile:
     error: dict[str, Any] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
     device: str | None = None
+    # CPU profiles: the host probes the fit used, one record per rank thread count (HostProbe.to_dict()
+    # plus ``runs``, how many fitted runs it is the median of, and ``how``, where they came from)
+    host_probes: list[dict[str, Any]] = field(default_factory=list)
+
+    def host_probe(self, threads: int) -> HostProbe | None:
+        """The stored host probe for ranks running ``threads`` threads, or None."""
+        for rec in self.host_probes:
+            if int(rec.get("threads", 0)) == threads:
+                return HostProbe.from_dict(rec, f"calibration profile {self.name!r}: {rec.get('how', 'stored probe')}")
+        return None
 
     def with_coefficients(self, **updates: float) -> Profile:
         return replace(self, coefficients=replace(self.coefficients, **updates))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "device": self.device, "coefficients": asdict(self.coefficients),
-                "error": self.error, "fitted_on": self.fitted_on}
+                "error": self.error, "fitted_on": self.fitted_on, "host_probes": self.host_probes}
 
 
 COEFFICIENT_NAMES = tuple(f.name for f in fields(Coefficients))
@@ -107,12 +124,16 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     unknown = set(coeffs) - set(COEFFICIENT_NAMES)
     if unknown:
         raise ValueError(f"{where}: unknown coefficients {sorted(unknown)}; known: {', '.join(COEFFICIENT_NAMES)}")
+    probes = [dict(r) for r in raw.get("host_probes", []) or []]
+    for r in probes:
+        HostProbe.from_dict(r, f"{where}: host_probes")  # refuse an incomplete record now, not mid-prediction
     return Profile(
         name=str(raw.get("name", "custom")),
         coefficients=Coefficients(**{k: float(v) for k, v in coeffs.items()}),
         error=dict(raw.get("error", {}) or {}),
         fitted_on=list(raw.get("fitted_on", []) or []),
         device=raw.get("device"),
+        host_probes=probes,
     )
 
 
