@@ -90,3 +90,25 @@ def test_least_recompute_that_fits() -> None:
     assert least_recompute_that_fits(big) in ("selective", "full")
     small = _gpt_case(layers=4, hidden=1024, ffn=4096, heads=8, kv_heads=8, tp=1, pp=1, dp=1)
     assert least_recompute_that_fits(small) == "none"
+
+
+def test_the_gpu_context_allowance_is_for_gpus_only() -> None:
+    """A CPU "device" has no CUDA context or NCCL buffers: the fixed overhead is not added to it
+    (the tiny CPU model once showed 2.4 GiB per device, all of it the GPU allowance)."""
+    from powertrain.hardware import HostProbe, cpu_device
+    from powertrain.predict.case import case_from_run_config
+    from powertrain.predict.profile import Coefficients
+
+    cfg = RunConfig(model="llama3-tiny", knobs={"global_batch": 8, "precision": "fp32"},
+                    hardware={"nodes": 1, "devices_per_node": 2, "device": "cpu"})
+    probe = HostProbe(matmul_flops=1e11, copy_bytes_per_s=1e10, threads=1, cores=2, method="fixture")
+    cpu = case_from_run_config(cfg, host_probe=probe)
+    assert cpu.device.is_host_cpu and cpu_device(probe, 2).is_host_cpu
+    c = Coefficients()
+    total, bd = memory_per_device(cpu, c)
+    subtotal = total - bd["overhead"]
+    assert bd["overhead"] == pytest.approx(subtotal * (c.mem_fragmentation - 1))
+    assert total < 0.2 * 2**30  # a few MiB of weights, states and activations
+    gpu = case_from_run_config(cfg.model_copy(update={"hardware": cfg.hardware.model_copy(update={"device": "h100-sxm"})}))
+    _, gpu_bd = memory_per_device(gpu, c)
+    assert gpu_bd["overhead"] == pytest.approx(c.mem_overhead_bytes + subtotal * (c.mem_fragmentation - 1))

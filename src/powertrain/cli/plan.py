@@ -22,7 +22,8 @@ _STYLE = {"planned": "green", "rejected": "red", "unsupported": "yellow", "dupli
 
 
 def _gib(v: float | None) -> str:
-    return "—" if v is None else f"{v / 2**30:.1f}"
+    # three significant figures: a tiny CPU model's few MiB stay visible instead of reading 0.0
+    return "—" if v is None else f"{v / 2**30:.3g}"
 
 
 def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:

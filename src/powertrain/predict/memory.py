@@ -27,7 +27,9 @@ weights + two moments 12 B; fp32 training 4 + 4 + 8. DDP replicates all; a distr
 (ZeRO-1) shards the 12 B over data parallel; FSDP (ZeRO-3) shards all three and holds the current and
 the prefetched layer's gathered 16-bit weights. LoRA fine-tuning keeps only the frozen weights. Dense parameters shard over dp·cp, expert parameters
 over dp·cp/ep. Framework overhead: a fixed term (CUDA context, communicator buffers) plus an
-allocator-fragmentation factor (profile coefficients).
+allocator-fragmentation factor (profile coefficients). The fixed term is a GPU's: a host-CPU
+"device" has no CUDA context and no NCCL buffers, so a CPU rank pays only the fragmentation factor
+(its interpreter and torch's own footprint are not model memory and are not counted).
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
             acts += activation_bytes_per_layer(case, "none")  # the layer being recomputed
         logits = (8 if case.precision in ("fp32", "tf32") else 6) * case.micro_batch * case.seq_len / case.cp * case.vocab / case.tp if stage == case.pp - 1 else 0.0
         subtotal = weights + grads + optim + gathered + acts + logits
-        overhead = c.mem_overhead_bytes + subtotal * (c.mem_fragmentation - 1)
+        overhead = (0.0 if case.device.is_host_cpu else c.mem_overhead_bytes) + subtotal * (c.mem_fragmentation - 1)
         bd = {"weights": weights, "gradients": grads, "optimizer": optim, "fsdp_gathered": gathered,
               "activations": acts, "logits": logits, "overhead": overhead, "total": subtotal + overhead,
               "stage": float(stage), "in_flight_microbatches": inflight_here}
@@ -184,8 +186,8 @@ def fits(run_config: Any, profile: Profile | str | None = None) -> tuple[bool, f
     Returns ``(fits, bytes_per_device, breakdown)``; the breakdown adds ``capacity_bytes``. The planner
     calls this to reject runs before launch.
     """
-    case = run_config if isinstance(run_config, Case) else case_from_run_config(run_config)
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    case = run_config if isinstance(run_config, Case) else case_from_run_config(run_config, profile=prof)
     total, bd = memory_per_device(case, prof.coefficients)
     bd = dict(bd, capacity=case.device.memory_bytes, capacity_bytes=case.device.memory_bytes)
     return total <= case.device.memory_bytes, total, bd
