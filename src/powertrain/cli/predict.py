@@ -39,13 +39,17 @@ def predict_cmd(
     study: Annotated[bool, typer.Option("--study", help="Predict the study's 32×H200 and 64×H100 matrices.")] = False,
     figure: Annotated[Path | None, typer.Option("--figure", help="With --study: write the cluster comparison (PNG+SVG) to this stem.")] = None,
     hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines (one object per line).")] = False,
 ) -> None:
     """Predict memory, step time, throughput, power, energy and temperature without running anything.
 
     Every result is labelled a prediction, with its profile and the model's validation error.
     With --out, each configuration becomes a run directory (kind "prediction") that `report` and
     `compare` read like a measured run.
+
+    CPU specs: the CPU's speed comes from the profile's host probe when the profile was fitted on CPU
+    runs (`powertrain calibrate`), so repeated calls give identical numbers; otherwise from a fresh
+    probe of this host, which varies with the host's load (a note says so).
 
     Examples:
 
@@ -58,7 +62,6 @@ def predict_cmd(
     import os
 
     from powertrain.predict import load_profile, predict, write_prediction
-    from powertrain.predict.case import case_from_run_config
 
     if hardware:
         os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
@@ -97,7 +100,7 @@ def predict_cmd(
     results = []
     for cfg in configs:
         try:
-            results.append((cfg, predict(case_from_run_config(cfg), prof)))
+            results.append((cfg, predict(cfg, prof)))
         except (KeyError, ValueError) as exc:
             err.print(f"[yellow]skipped[/] {cfg.name}: {exc}")
     elapsed = time.perf_counter() - t0
@@ -107,9 +110,17 @@ def predict_cmd(
             target = out_dir / cfg.name.replace("/", "_") if len(results) > 1 else out_dir
             write_prediction(target, cfg, pred)
         err.print(f"wrote {len(results)} prediction run director{'y' if len(results) == 1 else 'ies'} under {out_dir}")
+    fresh = sorted({p["source"] for _, pred in results if (p := pred.breakdown.get("host_probe"))})
+    for src in fresh:
+        if not src.startswith("calibration profile"):
+            err.print(f"[yellow]note:[/] CPU speed from a {src} (profile {prof.name!r} holds no probe for these "
+                      "ranks' threads): repeated calls can differ; calibrate on CPU runs "
+                      "(`powertrain calibrate RUN... --name NAME`) and predict with --profile NAME")
     if as_json:
+        # JSON lines: one compact object per configuration, nothing else on stdout
         for cfg, pred in results:
-            out.print_json(json.dumps(pred.summary(cfg.model_dump(mode="json")), default=str))
+            sys.stdout.write(json.dumps(pred.summary(cfg.model_dump(mode="json")), default=str) + "\n")
+        sys.stdout.flush()
     else:
         table = Table(title=f"PREDICTED with profile {prof.name!r}", header_style="bold")
         table.add_column("run", overflow="fold")
