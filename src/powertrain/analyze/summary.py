@@ -375,8 +375,10 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
             device = (world or {}).get("device")
             precision = (config.get("knobs") or {}).get("precision", "fp32")
             per_host = max(1, int((world or {}).get("devices_per_node") or ranks))
-            peak, peak_source = work.peak_flops_per_device(device, precision, per_host) if (
-                probe_cpu_peak or (device or "").lower() != "cpu") else (None, "CPU probe disabled")
+            # a CPU run's own recorded host probe, so MFU does not change on re-analysis
+            probe = info.get("host_probe") if isinstance(info.get("host_probe"), dict) else None
+            peak, peak_source = work.peak_flops_per_device(device, precision, per_host, probe) if (
+                probe_cpu_peak or probe or (device or "").lower() != "cpu") else (None, "CPU probe disabled")
             if peak:
                 metrics["mfu"] = metrics["tflops_per_device"] * 1e12 / peak
                 hpt = work.hardware_flops_per_token(config["model"], recompute)
