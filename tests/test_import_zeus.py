@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from powertrain.analyze.summary import summarize_run
 from powertrain.importers import import_sources
 from powertrain.importers.common import SourceFormatError, parse_anchor
 from powertrain.store import read_events, read_telemetry
@@ -38,8 +40,12 @@ def test_energy_windows_become_events_with_per_gpu_energy(tmp_path):
     assert (second["t_start_ns"] - anchor) / 1e9 == pytest.approx(13586420.690541402 - 13586410.284991832, abs=1e-6)
     info = json.loads((out / "run.json").read_text())
     assert "monotonic" in info["time_origin"] and "--anchor" in info["time_origin"]
-    # windows are power-limit trials of an unrecorded number of iterations, not steps: no step window
-    assert set(ev.column("kind").to_pylist()) == {"phase"} and "measured_window" not in info
+    # each window is one step of the import (its iteration count is not recorded), all of them measured
+    assert set(ev.column("kind").to_pylist()) == {"step"} and set(ev.column("window").to_pylist()) == {"measured"}
+    assert "window's duration" in info["step_unit"] and info["job_device_count"] == 4
+    summary = summarize_run(out)
+    durations = (np.array(ev.column("t_end_ns").to_pylist()) - np.array(ev.column("t_start_ns").to_pylist())) / 1e9
+    assert summary["metrics"]["step_time_mean_s"] == pytest.approx(durations.mean())
 
 
 def test_power_samples_in_milliwatts(tmp_path):

@@ -1,9 +1,11 @@
 """Zeus outputs → run directories.
 
 * **energy windows** (``ZeusMonitor`` / power-limit optimizer CSV)
-  ``start_time,window_name,elapsed_time,gpu<i>_energy[,...]`` → one ``phase`` event per window on
-  rank 0, named after the window, with ``attrs.energy_j = {"gpu<i>": J}`` and the sum. Windows are
-  not steps (a window spans an unrecorded number of iterations), so they carry no step window. Zeus
+  ``start_time,window_name,elapsed_time,gpu<i>_energy[,...]`` → one ``step`` event per window on
+  rank 0, named after the window, with ``attrs.energy_j = {"gpu<i>": J}`` and the sum. A window is
+  the unit Zeus measured (it spans an unrecorded number of iterations), so each window is one step
+  of the import and its "step time" is the window's duration — ``run.json`` says so under
+  ``step_unit``; the window CSV's GPUs are the job's devices. Zeus
   stamps windows with ``time.monotonic()`` in the files we know: a start time before 2001 needs
   ``anchor_ns`` (``--anchor``), which places the first window; the others keep their spacing.
 * **power samples** ``Time,Power`` (Power in **milliwatts**, ``Time`` local wall-clock) →
@@ -61,7 +63,8 @@ def sniff(path: Path) -> str | None:
     return None
 
 
-def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None,
+                 first_step: int = 0) -> tuple[list[dict[str, Any]], bool]:
     """Window events, and whether ``anchor_ns`` placed them (monotonic-clock start times)."""
     events = []
     with open_text(path) as f:
@@ -83,11 +86,14 @@ def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None) -> tup
                 raise SourceFormatError(path, lineno, f"not a number in {row!r}") from None
             relative |= start < EPOCH_2001_S
             t0 = round(start * 1e9)
-            events.append({"rank": 0, "kind": "phase", "name": row[1], "t_start_ns": t0,
+            events.append({"rank": 0, "kind": "step", "step": first_step + len(events), "name": row[1], "t_start_ns": t0,
                            "t_end_ns": t0 + round(elapsed * 1e9),
                            "attrs": {"energy_j": energy, "energy_total_j": sum(energy.values()),
                                      "elapsed_s": elapsed, "source": path.name}})
-    b.mapped["start_time,elapsed_time,window_name"] = "events phase (rank 0) per window"
+    b.mapped["start_time,elapsed_time,window_name"] = "events step (rank 0), one per window"
+    b.info["step_unit"] = ("one Zeus measurement window (its iteration count is not recorded): step time is "
+                           "the window's duration, step energy the window's energy")
+    set_job_devices(b, len(gpus), f"{path.name}: one <gpu>_energy column per device")
     b.mapped["<gpu>_energy (J)"] = "event attrs.energy_j[<gpu>]"
     if relative and events:
         if anchor_ns is None:
@@ -184,7 +190,8 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
                                           "power CSV (Time,Power) or Perseus .prof.json")
         b.add_source(p, role=f"zeus {kind}")
         if kind == "window":
-            ev, used = read_windows(p, b, anchor_ns)
+            ev, used = read_windows(p, b, anchor_ns, first_step=1 + max(
+                (e["step"] for e in events if e["kind"] == "step"), default=-1))
             events += ev
             anchor_used |= used
         elif kind == "power":
