@@ -6,10 +6,11 @@ add or override devices with their own YAML files of the same shape (``load_cata
 or ``$POWERTRAIN_HARDWARE``, colon-separated paths). The ``cpu`` entry is not looked up but
 measured by a host probe (:func:`probe_host`) and labelled ``measured``.
 
-**The host probe** (:class:`HostProbe`) times fp32 matmuls and a memory copy with the thread count
-the training ranks use (:func:`rank_threads`: ``OMP_NUM_THREADS``, else torchrun's 1 per rank when
-a node runs several ranks, else torch's default) and keeps the best of several short repeats, so
-background load on a shared host reads as little as it can. A probe is still a measurement of a
+**The host probe** (:class:`HostProbe`) times fp32 matmuls with the thread count the training ranks
+use (:func:`rank_threads`: ``OMP_NUM_THREADS``, else torchrun's 1 per rank when a node runs several
+ranks, else torch's default) and a memory copy on one thread (a rank's elementwise work on small
+tensors runs on one thread whatever its thread count), and keeps the best of several short repeats,
+so background load on a shared host reads as little as it can. A probe is still a measurement of a
 moment: the launcher records the one it took in ``run.json["host_probe"]``, a calibration profile
 keeps the probes it was fitted with, and predictions and summaries reuse those rather than probe
 again (``HostProbe.source`` says which one a number came from).
@@ -42,7 +43,7 @@ class HostProbe:
     """What one host CPU did in a short probe, with the thread count it was pinned to.
 
     ``matmul_flops``: fp32 matmul FLOP/s with ``threads`` threads (best of the repeats);
-    ``copy_bytes_per_s``: bytes read + written per second by a large tensor copy, same threads;
+    ``copy_bytes_per_s``: bytes read + written per second by a large tensor copy on one thread;
     ``cores``: the cores this process could run on; ``method``: how it was measured;
     ``source``: where this value came from now (a fresh probe, a run's ``run.json``, a profile).
     """
@@ -304,8 +305,8 @@ def measure_host_probe(threads: int, repeats: int = PROBE_REPEATS) -> HostProbe:
     """Probe this host's CPU with ``threads`` threads now: best of ``repeats`` fp32 matmuls and copies.
 
     Uses torch (what the training ranks run) with its intra-op threads pinned to ``threads`` for
-    the probe and restored after. Without torch it falls back to numpy, whose BLAS thread count it
-    cannot pin; ``method`` says so. About 0.1–0.5 s.
+    the matmuls and to one for the copy, restored after. Without torch it falls back to numpy,
+    whose BLAS thread count it cannot pin; ``method`` says so. About 0.1–0.5 s.
     """
     if threads < 1:
         raise ValueError(f"host probe needs at least one thread, got {threads}")
@@ -323,14 +324,15 @@ def measure_host_probe(threads: int, repeats: int = PROBE_REPEATS) -> HostProbe:
             b = torch.randn(n, n, generator=g)
             c = torch.empty(n, n)
             mm = _best_time(lambda: torch.mm(a, b, out=c), repeats)
+            torch.set_num_threads(1)
             src = torch.ones(PROBE_COPY_ELEMS)
             dst = torch.empty_like(src)
             cp = _best_time(lambda: dst.copy_(src), repeats)
             nbytes = src.numel() * src.element_size()
         finally:
             torch.set_num_threads(before)
-        method = (f"torch {torch.__version__} fp32 {n}x{n} matmul and {nbytes >> 20} MiB copy, "
-                  f"{threads} thread(s), best of {repeats}")
+        method = (f"torch {torch.__version__} fp32 {n}x{n} matmul on {threads} thread(s) and "
+                  f"{nbytes >> 20} MiB copy on 1 thread, best of {repeats}")
     else:
         import numpy as np
 
@@ -364,14 +366,15 @@ def record_host_probe(ranks_per_node: int, environ: Mapping[str, str] | None = N
 def cpu_device(probe: HostProbe, ranks_per_node: int = 1) -> DeviceSpec:
     """One training rank's share of a probed host CPU, as a device.
 
-    Each rank runs ``probe.threads`` threads; while the ranks' threads fit in the cores every rank
-    gets the probe's rates, beyond that they share the cores evenly. Power and temperature values
-    are placeholders the host cannot measure (no sensor): ``tdp_w`` is a nominal 15 W per core.
+    Each rank runs ``probe.threads`` matmul threads; while the ranks' threads fit in the cores every
+    rank gets the probe's matmul rate, beyond that they share the cores evenly. The copy rate is one
+    thread's, as is a rank's elementwise work: ranks divide it only when they outnumber the cores.
+    Power and temperature values are placeholders the host cannot measure (no sensor): ``tdp_w`` is
+    a nominal 15 W per core.
     """
     ranks = max(1, ranks_per_node)
-    share = min(1.0, probe.cores / (ranks * probe.threads))
-    flops = probe.matmul_flops * share
-    bw = probe.copy_bytes_per_s * share
+    flops = probe.matmul_flops * min(1.0, probe.cores / (ranks * probe.threads))
+    bw = probe.copy_bytes_per_s * min(1.0, probe.cores / ranks)
     try:
         import psutil
 
@@ -389,7 +392,7 @@ def cpu_device(probe: HostProbe, ranks_per_node: int = 1) -> DeviceSpec:
         thermal=ThermalSpec(inlet_c=25.0, r_c_per_w=0.3, tau_s=30.0, rear_preheat_c_per_kw=0.0,
                             rear_slots_of_8=()),
         source=(f"measured ({probe.source}): fp32 matmul {probe.matmul_flops / 1e9:.1f} GFLOP/s, copy "
-                f"{probe.copy_bytes_per_s / 1e9:.1f} GB/s with {probe.threads} thread(s); {ranks} rank(s) "
+                f"{probe.copy_bytes_per_s / 1e9:.1f} GB/s (one thread), {probe.threads} matmul thread(s); {ranks} rank(s) "
                 f"on {probe.cores} cores"),
         note="power values are nominal (15 W/core), not measured: this host has no power sensor",
         measured=True,
