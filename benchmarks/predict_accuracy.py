@@ -28,9 +28,9 @@ from powertrain.predict.calibrate import _nelder_mead
 from powertrain.predict.core import predict
 from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
 from powertrain.predict.profile import SHIPPED_DIR, Profile, load_profile, save_profile
-from powertrain.predict.published import PublishedRun, load_published
+from powertrain.predict.published import CALIBRATION_RUNS, PublishedRun, load_published
 
-DEFAULT_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "published" / "calibration_runs.yaml"
+DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
 # Global coefficients with physical meaning that the refit may move (never per run).
 FIT_PARAMS = ("gemm_eff_16", "gemm_eff_fp8", "gemm_eff_fp4", "gemm_knee", "attn_eff_ratio",
               "elementwise_scale", "moe_dispatch_passes", "moe_layer_overhead_s", "overlap_eff", "tp_overlap_exposed", "comm_eff_inter",
@@ -149,7 +149,8 @@ def cross_validate(path: Path, profile: Profile) -> None:
 def main() -> int:
     global _ARGS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--file", type=Path, default=DEFAULT_FILE)
+    ap.add_argument("--file", type=Path, default=DEFAULT_FILE,
+                    help="calibration_runs.yaml to read (default: the copy packaged with powertrain)")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--refit", action="store_true", help="refit the global coefficients and save the default profile")
     ap.add_argument("--cross-validate", action="store_true")
@@ -168,7 +169,7 @@ def main() -> int:
     if _ARGS.refit:
         profile = replace(profile, name="default", fitted_on=[f"calibration_runs.yaml ({len(runs)} runs)"], error={
             "throughput_mape_dense": round(res["dense_mape"], 4), "throughput_mape_moe": round(res["moe_mape"], 4),
-            "validated_on": "shared/data/published/calibration_runs.yaml (in-sample)",
+            "validated_on": "powertrain/predict/data/calibration_runs.yaml (in-sample)",
             "metric": "tokens/s per GPU, mean absolute percentage error"})
         out = save_profile(profile, SHIPPED_DIR / "default.yaml")
         print(f"saved {out}")

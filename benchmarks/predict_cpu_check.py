@@ -5,6 +5,7 @@ directories already there), calibrates a profile on three of them (DP1, DP2, TP2
 other five (PP2, micro-batch 4, full recompute, TP2 with sequence parallelism, DP2 with micro-batch
 4), printing each error against the 20% target.
 
+    python benchmarks/predict_cpu_check.py                               # results/predict-cpu-check
     python benchmarks/predict_cpu_check.py --dir /tmp/cpu-check          # launch what is missing
     python benchmarks/predict_cpu_check.py --dir /tmp/cpu-check --no-launch
 
@@ -16,7 +17,9 @@ PP2 0.370 s → predicted 0.423 s (+14%), DP1 micro-batch 4 0.363 → 0.301 (−
 recompute 0.483 → 0.458 (−5%), TP2+SP 1.781 → 1.708 (−4%), DP2 micro-batch 4 0.285 → 0.245
 (−14%): 5 of 5 within 20%. The matmul probe read 96–172 GFLOP/s between invocations while other
 work loaded the machine; the fitted GEMM efficiency absorbs it and the held-out errors move by
-under a point.
+under a point. Each run now records the probe its launcher took (``run.json["host_probe"]``, pinned
+to the ranks' threads), and calibration and prediction use those records, so re-running this
+script on the same run directories prints the same numbers.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def step_cv(run_dir: Path) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, required=True, help="folder holding (or to hold) the eight run directories")
+    ap.add_argument("--dir", type=Path, default=Path("results/predict-cpu-check"),
+                    help="folder holding (or to hold) the eight run directories (default: %(default)s)")
     ap.add_argument("--no-launch", action="store_true", help="only use run directories already there")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)

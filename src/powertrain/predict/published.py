@@ -10,6 +10,10 @@ Framework defaults fill what a table does not state, by framework era rather tha
 Megatron-Core, NeMo, Megatron-Bridge and MLPerf NVIDIA recipes run with a distributed optimizer,
 sequence parallelism with TP, TP-comm overlap and DP/param-gather overlap; 2020–21 Megatron-LM
 reduced gradients after the backward pass; torchtitan uses FSDP2 with prefetch.
+
+The file ships with the package (:data:`CALIBRATION_RUNS`, ``predict/data/``, a copy of the shared
+``data/published/calibration_runs.yaml`` whose every run names its source); ``load_published`` reads it
+unless given another path.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import yaml
 from powertrain.hardware import get_device
 from powertrain.predict.case import Case
 from powertrain.predict.flops import hardware_flops_per_token, model_flops_per_token
+
+CALIBRATION_RUNS = Path(__file__).with_name("data") / "calibration_runs.yaml"
 
 
 @dataclass
@@ -173,6 +179,10 @@ def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
     return None
 
 
-def load_published(path: str | Path) -> list[PublishedRun]:
-    raw = yaml.safe_load(Path(path).read_text())
+def load_published(path: str | Path | None = None) -> list[PublishedRun]:
+    """The published runs of ``path`` (default: the packaged :data:`CALIBRATION_RUNS`)."""
+    path = Path(path) if path is not None else CALIBRATION_RUNS
+    if not path.is_file():
+        raise FileNotFoundError(f"calibration file {path} not found; pass the path of a calibration_runs.yaml")
+    raw = yaml.safe_load(path.read_text())
     return [run_from_entry(r) for r in raw.get("runs", [])]
