@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from powertrain.analyze import synthetic
 from powertrain.cli import app
 from powertrain.report import build_report
-from powertrain.report.figures import pareto_front
+from powertrain.report.figures import TIME_AXIS_GID, pareto_front
 from powertrain.store.rundir import RunDir
 
 
@@ -96,3 +96,102 @@ def test_sweep_with_a_prediction_labels_it(tmp_path):
     html = build_report(sweep, tmp_path / "o", ("png",)).read_text()
     assert "contains PREDICTIONS" in html
     assert ">prediction<" in html  # the kind column of the sweep table
+
+
+def test_imported_run_speaks_of_the_records_not_of_here(tmp_path):
+    from pathlib import Path
+
+    from powertrain.importers import import_sources
+
+    src = Path(__file__).parent / "fixtures" / "zeus" / "zeus_monitor_sample_power_mW.csv"
+    run = import_sources("zeus", [src], tmp_path / "run", tz="UTC")  # power only: no temperature, no clocks
+    html = build_report(run, tmp_path / "o", ("png", "svg")).read_text()
+    assert "not in the imported records" in html and "Imported run" in html
+    assert "measured here" not in html and "this machine" not in html
+    svg = (tmp_path / "o" / "figures" / "timelines.svg").read_text()
+    assert "Not in the imported records" in svg and "the imported source did not record temp_c" in svg
+    assert "not measured" not in svg.lower()
+
+
+def test_timelines_label_the_time_axis_below_a_not_measured_panel(tmp_path):
+    run = synthetic.write_run(tmp_path / "run", hosts=1, devices_per_host=2, fields=["util_pct", "mem_used_bytes"],
+                              steps=3)
+    build_report(run, tmp_path / "o", ("svg",))
+    svg = (tmp_path / "o" / "figures" / "timelines.svg").read_text()
+    axis = svg[svg.index(f'id="{TIME_AXIS_GID}"'):]
+    axis = axis[:axis.index('id="matplotlib.axis_')]
+    ticks = [t for t in re.findall(r"<text[^>]*>([^<]*)</text>", axis) if re.fullmatch(r"[\d.]+", t.strip())]
+    assert len(ticks) >= 3 and "time since run start" in axis
+    assert "Not measured in this run" in svg
+
+
+def _visible_tick_labels(ax, axis: str = "x") -> list[str]:
+    ticks = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
+    return [t.get_text() for t in ticks if t.get_visible() and t.get_text()]
+
+
+def test_long_runs_get_a_readable_number_of_tick_labels():
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from powertrain.report import figures as F
+
+    steps, ranks = list(range(10, 298)), list(range(64))
+    fig = F.rank_heatmap(np.random.default_rng(0).random((64, 288)), ranks, steps, "288 steps")
+    ax = fig.axes[0]
+    xs, ys = _visible_tick_labels(ax), _visible_tick_labels(ax, "y")
+    assert 5 <= len(xs) <= F.MAX_TICK_LABELS and xs[:3] == ["10", "30", "50"]  # every 20th step: round numbers
+    # each label still sits on its own step's column
+    assert all(str(steps[round(p)]) == t.get_text() for p, t in zip(ax.get_xticks(), ax.get_xticklabels(),
+                                                                           strict=True))
+    assert 5 <= len(ys) <= 32
+    plt.close(fig)
+    fig = F.step_distribution(np.ones(5), np.ones((40, 5)), list(range(100, 140)), "40 ranks")
+    box = fig.axes[1]
+    assert all(t.get_text() == str(100 + int(p) - 1) for p, t in zip(box.get_xticks(), box.get_xticklabels(),
+                                                                      strict=True))
+    assert len(_visible_tick_labels(box)) <= 16
+    plt.close(fig)
+
+
+def test_sweep_legends_do_not_cover_the_data():
+    import matplotlib.pyplot as plt
+
+    from powertrain.report import figures as F
+
+    rows = [{"label": f"tp{t}pp{8 // t}", "status": "ok" if t != 4 else "oom", "model": "m", "kind": "measured",
+             "temp_mean_c": 60.0 + t, "temp_peak_c": 70.0 + t, "power_mean_w": 400.0 + t, "power_peak_w": 600.0,
+             "clock_sm_mean_mhz": 1700.0, "tokens_per_j": 3.0, "step_time_mean_s": 1.0 + t, "step_time_p99_s": 1.5 + t,
+             "tokens_per_s": 1000.0 / t, "mfu": 0.3, "util_mean_pct": 90.0, "j_per_token": 0.2 * t}
+            for t in (1, 2, 4, 8)]
+    for fig in (F.study_panels("m", rows, "tokens_per_j", "tokens/J"), F.performance_panels("m", rows),
+                F.throughput_energy(rows), F.phase_breakdown(["a", "b"], {"forward": [1, 2], "backward": [2, 3]},
+                                                             "t", "x")):
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+        assert legends
+        for leg in legends:
+            box = leg.get_window_extent(r)
+            for ax in fig.axes:
+                assert not box.overlaps(ax.get_window_extent(r)), (fig.axes[0].get_title(), leg)
+        plt.close(fig)
+
+
+def test_self_phases_take_nested_intervals_out_of_their_parent():
+    import pyarrow as pa
+
+    from powertrain.report.build import self_phases
+    from powertrain.schema import EVENTS_SCHEMA
+
+    def ev(kind, a, b, name=None, rank=0, step=1):
+        return {"rank": rank, "kind": kind, "name": name, "step": step, "t_start_ns": a, "t_end_ns": b}
+
+    rows = [ev("step", 0, 100), ev("phase", 10, 90, "pipeline"), ev("forward", 10, 30), ev("backward", 40, 70),
+            ev("comm", 45, 50), ev("optimizer", 90, 100),
+            ev("phase", 0, 50, "pipeline", rank=1),  # a rank whose pipeline was not split by stage
+            ev("forward", 0, 5, step=0)]  # not a selected step
+    table = pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+    got = {(p["rank"], p["kind"]): round(p["seconds"] * 1e9) for p in self_phases(table, {1})}
+    assert got == {(0, "pipeline bubble + p2p wait"): 30, (0, "forward"): 20, (0, "backward"): 25, (0, "comm"): 5,
+                   (0, "optimizer"): 10, (1, "pipeline"): 50}
