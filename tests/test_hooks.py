@@ -89,3 +89,80 @@ def test_env_run_dir_and_killed_process_keeps_rows(tmp_path):
     assert (tmp_path / "events" / "rank-1.parts").is_dir()
     ev = read_events(tmp_path)
     assert ev.column("step").to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_automatic_windows_count_steps_until_the_loop_chooses(tmp_path):
+    rec = hooks.Recorder(tmp_path, warmup_steps=2)
+    for i in range(3):
+        with rec.step(i), rec.phase("forward"):
+            pass
+    with rec.in_window("warmup"):  # a block the loop declares itself; automatic again after it
+        rec.record("step", 1, 2, step=3)
+    rec.record("step", 3, 4, step=4)  # a step measured elsewhere counts like any other
+    rec.set_window(None)  # an explicit choice ends the automatic windows for good
+    with rec.step(5):
+        pass
+    rec.close()
+    ev = read_events(tmp_path).to_pylist()
+    by_step = {e["step"]: e["window"] for e in ev if e["kind"] == "step"}
+    assert by_step == {0: "warmup", 1: "warmup", 2: "measured", 3: "warmup", 4: "measured", 5: None}
+    assert [e["window"] for e in ev if e["kind"] == "forward"] == ["warmup", "warmup", "measured"]
+
+
+def test_without_warmup_steps_the_window_stays_as_set(tmp_path):
+    rec = hooks.Recorder(tmp_path)  # configure() / $POWERTRAIN_RUN_DIR recorders: no automatic windows
+    with rec.step(0):
+        pass
+    rec.close()
+    assert read_events(tmp_path)["window"].to_pylist() == [None]
+    with pytest.raises(ValueError, match="warmup_steps"):
+        hooks.Recorder(tmp_path, warmup_steps=-2)
+
+
+def test_bind_is_lazy_and_unbind_restores_and_compacts(tmp_path, monkeypatch):
+    monkeypatch.setattr(hooks, "_recorder", None)
+    before = hooks.Recorder(None)
+    monkeypatch.setattr(hooks, "_recorder", before)
+    empty = hooks.bind(tmp_path / "a", rank=0)
+    assert hooks.get() is empty.recorder
+    assert hooks.unbind(empty) is None  # nothing marked: no events file at all
+    assert not (tmp_path / "a").exists()
+    assert hooks.get() is before
+
+    b = hooks.bind(tmp_path / "b", rank=2, warmup_steps=1)
+    for i in range(3):
+        with hooks.step(i, tokens=5):
+            pass
+    path = hooks.unbind(b)
+    assert path == tmp_path / "b" / "events" / "rank-2.parquet" and path.is_file()
+    assert not (tmp_path / "b" / "events" / "rank-2.parts").exists()
+    assert read_events(tmp_path / "b")["window"].to_pylist() == ["warmup", "measured", "measured"]
+
+
+def test_a_recorder_configured_inside_a_binding_stays(tmp_path, monkeypatch):
+    # A trainer callback inside a Monitor block calls configure(); the Monitor's end must not undo it.
+    monkeypatch.setattr(hooks, "_recorder", None)
+    b = hooks.bind(tmp_path, rank=0)
+    mine = hooks.configure(tmp_path, rank=1)
+    hooks.unbind(b)
+    assert hooks.get() is mine and mine.enabled
+    mine.close()
+
+
+def test_nested_bindings_ended_out_of_order_do_not_restore_a_closed_recorder(tmp_path, monkeypatch):
+    monkeypatch.setattr(hooks, "_recorder", None)
+    outer = hooks.bind(tmp_path / "outer")
+    inner = hooks.bind(tmp_path / "inner")
+    hooks.unbind(outer)
+    hooks.unbind(inner)
+    assert hooks._recorder is None  # the next marker starts from the environment again
+
+
+def test_an_open_step_at_close_is_named_not_written(tmp_path, capfd):
+    rec = hooks.Recorder(tmp_path)
+    with rec.step(0):
+        pass
+    rec.begin_step(1)
+    rec.close()
+    assert "step 1 was still open" in capfd.readouterr().err
+    assert read_events(tmp_path)["step"].to_pylist() == [0]

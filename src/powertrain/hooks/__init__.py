@@ -16,12 +16,19 @@
 
 or ``hooks.begin_step(i, tokens=…)`` … ``hooks.end_step(loss=…)`` where a ``with`` block does not fit.
 
-The run directory comes from ``$POWERTRAIN_RUN_DIR`` (set by ``powertrain run`` / ``monitor``) and
-the rank from ``$RANK``; without a run directory every call is a cheap no-op and a single notice
-says so. Rows follow :data:`powertrain.schema.EVENTS_SCHEMA` (times are ``CLOCK_REALTIME`` ns, the
-sampler's clock) and are streamed crash-safely: a killed rank keeps everything up to about one
-second before the kill. ``window`` (``warmup`` / ``measured``) marks the measurement protocol's
-windows; set it with :func:`set_window`.
+The run directory is, in this order: the one of the :class:`powertrain.Monitor` block this process
+is in (:func:`bind`), or ``$POWERTRAIN_RUN_DIR`` (set by ``powertrain run`` / ``monitor`` for the
+command's processes); the rank comes from ``$RANK``. Without a run directory every call is a cheap
+no-op and a single notice says so. Rows follow :data:`powertrain.schema.EVENTS_SCHEMA` (times are
+``CLOCK_REALTIME`` ns, the sampler's clock) and are streamed crash-safely: a killed rank keeps
+everything up to about one second before the kill.
+
+``window`` (``warmup`` / ``measured`` / null) marks the measurement protocol's windows; metrics use
+measured steps. Set it with :func:`set_window` or a ``with hooks.window("warmup"):`` block. Inside a
+``Monitor`` block, steps not under an explicit window are marked automatically: the first
+``warmup_steps`` steps ``warmup``, the rest ``measured``. Under ``$POWERTRAIN_RUN_DIR`` unmarked
+steps stay null and the analysis counts them as measured when *no* step of the run carries a window
+(see :func:`powertrain.analyze.steps.measured_steps`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,24 +70,54 @@ class Recorder:
 
     ``sync`` (e.g. ``torch.accelerator.synchronize``) is called before each timestamp so that
     intervals on an asynchronous device cover the device work, not just its launch.
+
+    ``warmup_steps`` (an int ≥ 0) turns on automatic windows: while no window has been set
+    explicitly (:meth:`set_window`, :meth:`in_window`), the first ``warmup_steps`` steps of this
+    recorder are marked ``warmup`` and later ones ``measured``. ``None`` (the default) leaves the
+    window as set, null until then.
+
+    ``lazy`` opens the events file only when the first row is written, so a recorder that records
+    nothing leaves no file (a ``Monitor`` whose own process does not train, e.g. under
+    ``powertrain monitor -- CMD`` where the command's rank 0 writes ``rank-0``).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None, rank: int = 0, *,
-                 sync: Callable[[], None] | None = None, flush_s: float = 1.0) -> None:
+                 sync: Callable[[], None] | None = None, flush_s: float = 1.0,
+                 warmup_steps: int | None = None, lazy: bool = False) -> None:
+        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
+                                         or warmup_steps < 0):
+            raise ValueError(f"warmup_steps must be a whole number >= 0 (or None), got {warmup_steps!r}")
         self.rank = rank
         self.sync = sync
         self.window: str | None = None
+        self.warmup_steps = warmup_steps
+        # True once the caller chose a window; automatic windows (warmup_steps) stop applying then.
+        self._explicit_window = False
+        self._steps_begun = 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._flush_s = flush_s
+        self._closed = self.run_dir is None
         self._writer: StreamingTableWriter | None = None
-        if self.run_dir is not None:
-            self._writer = StreamingTableWriter(self.run_dir / "events" / f"rank-{rank}", EVENTS_SCHEMA,
-                                                flush_s=flush_s)
+        if self.run_dir is not None and not lazy:
+            self._open_writer()
         self._step: StepHandle | None = None
         self._open: list[tuple[str, str | None, int | None, int, dict[str, Any]]] = []
 
     @property
     def enabled(self) -> bool:
-        return self._writer is not None
+        return not self._closed
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` of a recorder that had a run directory."""
+        return self._closed and self.run_dir is not None
+
+    def _open_writer(self) -> StreamingTableWriter:
+        if self._writer is None:
+            assert self.run_dir is not None
+            self._writer = StreamingTableWriter(self.run_dir / "events" / f"rank-{self.rank}", EVENTS_SCHEMA,
+                                                flush_s=self._flush_s)
+        return self._writer
 
     def _now(self) -> int:
         if self.sync is not None:
@@ -92,20 +129,39 @@ class Recorder:
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
         self.window = window
+        self._explicit_window = True
+
+    @contextmanager
+    def in_window(self, window: str | None) -> Iterator[None]:
+        """Rows written inside the block get ``window``; the window in force before comes back after
+        it (automatic windows included)."""
+        before = (self.window, self._explicit_window)
+        self.set_window(window)
+        try:
+            yield
+        finally:
+            self.window, self._explicit_window = before
+
+    def _next_step_window(self) -> None:
+        """Called as each step begins: apply the automatic window rule, count the step."""
+        if self.warmup_steps is not None and not self._explicit_window:
+            self.window = "warmup" if self._steps_begun < self.warmup_steps else "measured"
+        self._steps_begun += 1
 
     # -- steps -----------------------------------------------------------------------------------
     def begin_step(self, step: int, *, tokens: int | None = None, samples: int | None = None) -> StepHandle:
         handle = StepHandle(step, tokens, samples)
-        if self._writer is not None:
+        if self.enabled:
             if self._step is not None:
                 raise RuntimeError(f"step {self._step.step} is still open: call end_step() before begin_step()")
+            self._next_step_window()
             handle.t_start_ns = self._now()
             self._step = handle
         return handle
 
     def end_step(self, *, loss: float | None = None, mem_peak_bytes: int | None = None,
                  **attrs: Any) -> None:
-        if self._writer is None:
+        if not self.enabled:
             return
         h = self._step
         if h is None:
@@ -118,10 +174,11 @@ class Recorder:
                      loss=loss if loss is not None else h.loss,
                      mem_peak_bytes=mem_peak_bytes if mem_peak_bytes is not None else h.mem_peak_bytes,
                      attrs=h.attrs)
-        if self._writer.rows_written == 0:  # first step: put something on disk at once
-            self._writer.flush()
+        writer = self._open_writer()
+        if writer.rows_written == 0:  # first step: put something on disk at once
+            writer.flush()
         else:
-            self._writer.maybe_flush()
+            writer.maybe_flush()
 
     @contextmanager
     def step(self, step: int, *, tokens: int | None = None, samples: int | None = None) -> Iterator[StepHandle]:
@@ -129,16 +186,16 @@ class Recorder:
         try:
             yield handle
         except BaseException:
-            if self._writer is not None:
+            if self.enabled:
                 self.end_step(failed=True)
             raise
-        if self._writer is not None:
+        if self.enabled:
             self.end_step()
 
     # -- phases ----------------------------------------------------------------------------------
     def begin(self, kind: str, name: str | None = None, *, microbatch: int | None = None, **attrs: Any) -> None:
         """Open an interval of ``kind`` (forward, backward, optimizer, comm, data, phase, …)."""
-        if self._writer is None:
+        if not self.enabled:
             return
         if kind not in EVENT_KINDS:
             raise ValueError(f"event kind must be one of {EVENT_KINDS}, got {kind!r}")
@@ -146,7 +203,7 @@ class Recorder:
 
     def end(self, **fields: Any) -> None:
         """Close the innermost open interval (``fields``: tokens, samples, loss, or extra attrs)."""
-        if self._writer is None:
+        if not self.enabled:
             return
         kind, name, mb, t0, attrs = self._open.pop()
         cols = {k: fields.pop(k) for k in ("tokens", "samples", "loss", "mem_peak_bytes") if k in fields}
@@ -165,26 +222,39 @@ class Recorder:
 
     def record(self, kind: str, t_start_ns: int, t_end_ns: int, **fields: Any) -> None:
         """Add an interval measured elsewhere (e.g. a communication timed by the caller)."""
-        if self._writer is None:
+        if not self.enabled:
             return
+        if kind == "step":
+            self._next_step_window()
         attrs = fields.pop("attrs", {})
         self._append(kind=kind, step=fields.pop("step", self._step.step if self._step else None),
                      t_start_ns=t_start_ns, t_end_ns=t_end_ns, attrs=attrs, **fields)
 
     def _append(self, *, kind: str, t_start_ns: int, t_end_ns: int, attrs: dict[str, Any] | None = None,
                 **cols: Any) -> None:
-        assert self._writer is not None
+        writer = self._open_writer()
         row = {"rank": self.rank, "kind": kind, "t_start_ns": t_start_ns, "t_end_ns": t_end_ns,
                "window": self.window, "attrs": json.dumps(attrs, default=str) if attrs else None}
         row.update(cols)
-        self._writer.append([row])
+        writer.append([row])
 
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
 
     def close(self) -> Path | None:
-        """Flush and compact this rank's events file (idempotent)."""
+        """Flush and compact this rank's events file (idempotent); ``None`` when nothing was written.
+
+        A step still open (``begin_step`` without ``end_step``) has no end, so it is not written (a
+        cut-short duration would enter the step-time metrics); a notice names it.
+        """
+        if self._closed:
+            return None
+        if self._step is not None:
+            print(f"powertrain.hooks: step {self._step.step} was still open when recording stopped and is not "
+                  "recorded (close it with end_step() or use `with powertrain.step(i):`)", file=sys.stderr)
+            self._step = None
+        self._closed = True
         if self._writer is None:
             return None
         writer, self._writer = self._writer, None
@@ -208,9 +278,62 @@ def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = 
     _recorder = Recorder(run_dir, rank, sync=sync, flush_s=flush_s)
     if run_dir is None:
         print(f"powertrain.hooks: ${RUN_DIR_ENV} is not set, step markers are not recorded "
-              "(run under `powertrain run` or `powertrain monitor`, or call hooks.configure(run_dir))",
-              file=sys.stderr)
+              "(mark steps inside a `with powertrain.Monitor(out=...)` block, run under `powertrain monitor` "
+              "or `powertrain run`, or call hooks.configure(run_dir))", file=sys.stderr)
     return _recorder
+
+
+def sync_device_in_use() -> None:
+    """Wait for the GPU work this process queued, if it uses a GPU through torch (else do nothing).
+
+    Timestamps taken without it would close a step when its kernels are launched, not done. It never
+    imports torch nor creates a GPU context: a CPU-only loop (or one without torch) pays a dict lookup.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # ROCm builds use the torch.cuda API too
+        torch.cuda.synchronize()
+
+
+@dataclass
+class Binding:
+    """What :func:`bind` replaced, so that :func:`unbind` can put it back."""
+
+    recorder: Recorder
+    previous: Recorder | None
+
+
+def bind(run_dir: str | os.PathLike[str], *, rank: int | None = None, warmup_steps: int = 0,
+         sync: Callable[[], None] | None = sync_device_in_use, flush_s: float | None = None) -> Binding:
+    """Send this process's markers to ``run_dir`` until :func:`unbind` (what ``Monitor`` does).
+
+    Steps get automatic windows (the first ``warmup_steps`` ``warmup``, then ``measured``) unless the
+    loop sets one; the events file is opened on the first row only, so a process that marks nothing
+    leaves none. ``rank`` defaults to ``$RANK`` (else 0).
+    """
+    global _recorder
+    if flush_s is None:
+        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    rec = Recorder(run_dir, rank, sync=sync, flush_s=flush_s, warmup_steps=warmup_steps, lazy=True)
+    binding = Binding(rec, _recorder)
+    _recorder = rec
+    return binding
+
+
+def unbind(binding: Binding) -> Path | None:
+    """Close the recorder of ``binding`` (flushing and compacting its events file, returned; ``None``
+    if it wrote nothing) and give the process back the recorder it replaced.
+
+    If something replaced the bound recorder meanwhile (e.g. a trainer callback's
+    :func:`configure`), that one stays in place.
+    """
+    global _recorder
+    path = binding.recorder.close()
+    if _recorder is binding.recorder:
+        previous = binding.previous
+        # a recorder closed meanwhile (nested binds ended out of order) would drop markers silently
+        _recorder = previous if previous is not None and not previous.closed else None
+    return path
 
 
 def get() -> Recorder:
@@ -237,7 +360,14 @@ def phase(kind: str, name: str | None = None, *, microbatch: int | None = None, 
 
 
 def set_window(window: str | None) -> None:
+    """``warmup``, ``measured`` or ``None`` (outside the protocol) for the rows that follow."""
     get().set_window(window)
+
+
+def window(name: str | None) -> AbstractContextManager[None]:
+    """``with hooks.window("warmup"): …`` — rows inside the block get that window; the one before
+    comes back after it."""
+    return get().in_window(name)
 
 
 def close() -> None:
@@ -247,5 +377,5 @@ def close() -> None:
 
 atexit.register(close)
 
-__all__ = ["RUN_DIR_ENV", "Recorder", "StepHandle", "begin_step", "close", "configure", "end_step", "get",
-           "phase", "set_window", "step"]
+__all__ = ["RUN_DIR_ENV", "Binding", "Recorder", "StepHandle", "begin_step", "bind", "close", "configure",
+           "end_step", "get", "phase", "set_window", "step", "sync_device_in_use", "unbind", "window"]
