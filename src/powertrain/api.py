@@ -4,7 +4,7 @@ Measure::
 
     import powertrain
 
-    with powertrain.Monitor(out="runs/try1"):          # this node's sampler around a region
+    with powertrain.Monitor(out="runs/try1", warmup_steps=2):   # sampler + step markers → runs/try1
         for i, batch in enumerate(loader):
             with powertrain.step(i, tokens=batch.numel(), samples=len(batch)) as s:
                 with powertrain.phase("forward"):
@@ -12,8 +12,11 @@ Measure::
                 ...
                 s.loss = loss.item()
 
-(under ``powertrain monitor -- CMD`` the run directory is already set: only the markers are needed;
-without one every marker is a cheap no-op.)
+Inside the ``Monitor`` block the steps are recorded into its run: the first ``warmup_steps`` (default
+0) are warm-up, the rest measured, unless the loop chooses itself with ``with powertrain.window(...)``
+or :func:`set_window`. Under ``powertrain monitor -- CMD`` the run directory is already set: only the
+markers are needed, and steps without a window count as measured (less ``--warmup-steps``). With
+neither, every marker is a cheap no-op (one notice says so).
 
 Look at what was measured::
 
@@ -29,6 +32,7 @@ Everything here is kept stable across releases; modules under ``powertrain.*`` m
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -59,8 +63,17 @@ def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, **
 
 def set_window(window: str | None) -> None:
     """Mark the steps that follow ``"warmup"`` or ``"measured"`` (metrics use measured steps only),
-    or ``None`` (outside the measurement protocol)."""
+    or ``None`` (outside the measurement protocol). From then on this replaces a ``Monitor``'s
+    automatic ``warmup_steps`` windows; ``with powertrain.window(...)`` limits it to a block."""
     hooks.set_window(window)
+
+
+def window(name: str | None) -> AbstractContextManager[None]:
+    """``with powertrain.window("warmup"): ...`` — steps (and their phases) inside the block get that
+    window: ``"warmup"`` (left out of the metrics), ``"measured"``, or ``None`` (outside the
+    measurement protocol). The window in force before, a ``Monitor``'s automatic one included, comes
+    back after the block."""
+    return hooks.window(name)
 
 
 @dataclass
@@ -134,4 +147,5 @@ def summary(run_dir: str | os.PathLike[str], *, refresh: bool = False) -> dict[s
     return load_summary(run_dir, refresh=refresh)
 
 
-__all__ = ["Monitor", "Run", "begin_step", "end_step", "load", "phase", "set_window", "step", "summary"]
+__all__ = ["Monitor", "Run", "begin_step", "end_step", "load", "phase", "set_window", "step", "summary",
+           "window"]

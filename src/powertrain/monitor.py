@@ -3,12 +3,15 @@
 ::
 
     with powertrain.Monitor(out="runs/try1") as m:
-        train()
+        for i, batch in enumerate(loader):
+            with powertrain.step(i, tokens=batch.numel()):
+                train_step(batch)
     print(m.run_dir)
 
 ``Monitor`` creates the run directory, starts the sampler process
-(:mod:`powertrain.telemetry.sampler`), and on exit stops it, compacts what it wrote and records in
-``run.json`` how the run ended. :func:`run_command` does the same around a child process (what
+(:mod:`powertrain.telemetry.sampler`), sends this process's step / phase markers
+(:mod:`powertrain.hooks`) to ``events/rank-<r>.parquet`` of the run, and on exit closes the events
+file, stops the sampler, compacts what it wrote and records in ``run.json`` how the run ended. :func:`run_command` does the same around a child process (what
 ``powertrain monitor -- CMD`` calls), passing its output through to the terminal and into
 ``logs/``, forwarding Ctrl-C / SIGTERM once, and returning its exit code.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from powertrain import hooks
 from powertrain.schema import TELEMETRY_FIELDS
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
 from powertrain.store.tables import finalize_run_streams
@@ -97,6 +101,11 @@ class Monitor:
         backends: ``"auto"`` or a list of ``nvidia``, ``amd``, ``host``.
         name: a label stored in ``run.json``.
         command: the command being measured, if any (recorded, not run).
+        warmup_steps: the first this many steps marked inside the block (``powertrain.step``) are
+            warm-up and left out of the metrics; later ones are measured (default 0: all of them).
+            A window the loop sets itself (``powertrain.window`` / ``set_window``) takes precedence.
+            Stored in ``run.json`` as ``warmup_steps``; it also applies to steps that the run's other
+            processes record without a window (see ``docs/metrics.md``, "Window").
     """
 
     def __init__(
@@ -110,7 +119,11 @@ class Monitor:
         host: str | None = None,
         flush_s: float = 1.0,
         prometheus: str | None = None,
+        warmup_steps: int = 0,
     ) -> None:
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
         self.run = RunDir(out)
         self.prometheus = prometheus
         self.rate_hz = rate_hz
@@ -123,6 +136,7 @@ class Monitor:
         self.sampler_death: str | None = None
         self.info: dict[str, Any] = {}
         self._log: IO[bytes] | None = None
+        self._hooks: hooks.Binding | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -155,9 +169,14 @@ class Monitor:
             "software": _versions(),
             "clock": {"start": clock_info()},
             "sampler": {"rate_hz": self.rate_hz, "backends": self.backends},
+            # leading steps per rank that are warm-up, for steps recorded without a window
+            "warmup_steps": self.warmup_steps,
         }
         self.run.write(self.info)
         self._start_sampler()
+        # This process's markers go to this run (the events file appears with the first step); a
+        # command run under the monitor gets the run directory through $POWERTRAIN_RUN_DIR instead.
+        self._hooks = hooks.bind(self.run.path, warmup_steps=self.warmup_steps)
         return self
 
     def _start_sampler(self) -> None:
@@ -226,6 +245,7 @@ class Monitor:
 
     def stop(self, status: str = "ok", reason: str | None = None, exit_code: int | None = None) -> dict[str, Any]:
         """Stop sampling and record how the run ended; a dead sampler turns ``ok`` into ``failed``."""
+        self._unbind_hooks()
         self._stop_sampler()
         if self.sampler_death:
             last = self._last_sample_note()
@@ -233,6 +253,13 @@ class Monitor:
             reason = f"{reason}; {death}" if reason else death
             status = "failed"
         return self._finish(status, reason, exit_code)
+
+    def _unbind_hooks(self) -> None:
+        """Close this process's events file (so ``load`` / ``summary`` right after the block see every
+        step) and give the markers back to what they wrote to before."""
+        if self._hooks is not None:
+            binding, self._hooks = self._hooks, None
+            hooks.unbind(binding)
 
     def _last_sample_note(self) -> str:
         meta = self.run.telemetry_meta(self.host)
@@ -317,6 +344,7 @@ def run_command(
     prometheus: str | None = None,
     env: Mapping[str, str] | None = None,
     on_exit: Callable[[], None] | None = None,
+    warmup_steps: int = 0,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``argv`` under the sampler; returns (the command's exit code, the final ``run.json``).
 
@@ -328,11 +356,13 @@ def run_command(
     plus ``env``. ``on_output(chunk, "stdout"|"stderr")`` is called with every chunk of its output
     as it arrives (``powertrain monitor --parse``); ``on_exit()`` runs once the command's output is
     drained, before the run's streams are compacted (close what ``on_output`` writes there);
-    ``prometheus`` (``[HOST:]PORT``) serves the sampler's readings live.
+    ``prometheus`` (``[HOST:]PORT``) serves the sampler's readings live. ``warmup_steps``: leading
+    steps of each rank that are warm-up when the command marks steps without a window.
     """
     if not argv:
         raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
-    mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus)
+    mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus,
+                  warmup_steps=warmup_steps)
     mon.start()
     try:
         code, received = _supervise(argv, mon.run, mon, "command", echo=echo, on_output=on_output, env=env)
@@ -463,6 +493,7 @@ def run_task_command(
     prometheus: str | None = None,
     task_wait_s: float = TASK_WAIT_S,
     on_exit: Callable[[], None] | None = None,
+    warmup_steps: int = 0,
 ) -> tuple[int, dict[str, Any]]:
     """One task of ``srun -n N powertrain monitor --out DIR -- CMD``: one run, one sampler per node.
 
@@ -472,6 +503,7 @@ def run_task_command(
     unset, ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm, logs to ``logs/task-<i>.std*``
     and leaves ``logs/task-<i>.exit.json``; samplers run until every task has ended. DIR must be on
     a filesystem every node shares. Returns this task's exit code and (task 0) the final ``run.json``.
+    ``warmup_steps`` is recorded by task 0 (see :func:`run_command`).
     """
     if not argv:
         raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
@@ -481,7 +513,8 @@ def run_task_command(
     mon: Monitor | None = None
     run = RunDir(out)
     if procid == 0:
-        mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus)
+        mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus,
+                      warmup_steps=warmup_steps)
         mon.start()
         mon.info["slurm"] = {"tasks": ntasks, "nodes": task.get("nnodes", 1),
                              "job_id": os.environ.get("SLURM_JOB_ID")}
