@@ -151,3 +151,33 @@ def test_help_teaches():
     res = _cli("monitor", "--help")
     assert res.returncode == 0 and "Example" in res.stdout and "--rate" in res.stdout
     assert Path(powertrain.__file__).exists()
+
+
+STEP_LOOP = """
+import time
+import powertrain
+for i in range(5):
+    with powertrain.step(i, tokens=256):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.05:
+            pass
+"""
+
+
+def test_steps_marked_by_the_command_are_measured_less_the_declared_warmup(tmp_path):
+    out = tmp_path / "m"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "POWERTRAIN_RUN_DIR")}
+    res = _cli("monitor", "--out", str(out), "-q", "--warmup-steps", "2", "--", sys.executable, "-c", STEP_LOOP,
+               env=env)
+    assert res.returncode == 0, res.stderr
+    assert "not recorded" not in res.stderr
+    run = powertrain.load(out)
+    assert run.info["warmup_steps"] == 2
+    assert run.steps["step"].to_pylist() == [0, 1, 2, 3, 4]
+    assert run.steps["window"].null_count == 5  # the command's recorder writes no window of its own
+    # only the command's rank 0 wrote events: the monitoring process left no file of its own
+    assert sorted(p.name for p in (out / "events").iterdir()) == ["rank-0.parquet"]
+    s = powertrain.summary(out)
+    assert s["window"]["measured_steps"] == 3
+    assert s["metrics"]["step_time_mean_s"] >= 0.05 and s["metrics"]["tokens_per_s"] > 0
+    assert any("after the first 2 of each rank" in n for n in s["notes"])

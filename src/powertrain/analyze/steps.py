@@ -2,8 +2,12 @@
 
 Definitions:
 
-* a **measured step** is a ``step`` event with ``window == "measured"``; the **measured window** is
-  [earliest start, latest end] of those events over all ranks;
+* a **measured step** is a ``step`` event with ``window == "measured"``. When *no* step event of
+  the run carries a window (a loop marked with ``powertrain.step`` under ``powertrain monitor --
+  CMD``, a framework-log import), every step event is measured except the first ``warmup_steps``
+  of each rank by start time (the run's declared warm-up, ``run.json`` ``warmup_steps``, default 0).
+  A run that marks windows anywhere keeps exactly its marks (the built-in trainer's runs);
+* the **measured window** is [earliest start, latest end] of the measured steps over all ranks;
 * the **time of step s** is the longest duration among the ranks' step-s events (a synchronous step
   ends when its slowest rank does; durations, not cross-rank differences, so host clock skew does not
   enter);
@@ -38,19 +42,38 @@ class StepData:
     spread_pct: np.ndarray  # per step (nan with fewer than two ranks)
     window: tuple[int, int]
     phases: list[dict[str, Any]] = field(default_factory=list)  # non-step events of measured steps
+    # how the measured steps were chosen when no step carried a window (None: by their marks)
+    window_rule: str | None = None
 
     @property
     def n(self) -> int:
         return len(self.steps)
 
 
-def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = None) -> StepData | None:
+def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = None,
+                   warmup_steps: int | None = None) -> StepData | None:
     """The measured steps of ``events`` (a table of :data:`powertrain.schema.EVENTS_SCHEMA`), or
-    ``None`` when there is no measured step event."""
+    ``None`` when there is no measured step event.
+
+    ``warmup_steps`` (the run's ``run.json`` ``warmup_steps``; ``None`` = 0) only matters when no step
+    event carries a window: see the module doc.
+    """
+    if warmup_steps is None:
+        warmup_steps = 0
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r} "
+                         "(fix run.json's warmup_steps)")
     if events.num_rows == 0:
         return None
-    steps_t = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.equal(events["window"], "measured")))
-    steps_t = steps_t.filter(pc.invert(pc.is_null(steps_t["step"])))
+    all_steps = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.invert(pc.is_null(events["step"]))))
+    rule: str | None = None
+    if all_steps.num_rows and all_steps["window"].null_count == all_steps.num_rows:
+        steps_t = _after_warmup(all_steps, warmup_steps)
+        rule = (f"no step event carries a window: steps count as measured after the first {warmup_steps} "
+                "of each rank (warm-up)" if warmup_steps else
+                "no step event carries a window: every step counts as measured")
+    else:
+        steps_t = all_steps.filter(pc.equal(all_steps["window"], "measured"))
     if steps_t.num_rows == 0:
         return None
     rank = steps_t["rank"].to_numpy()
@@ -86,7 +109,23 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
         rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
+        window_rule=rule,
     )
+
+
+def _after_warmup(steps_t: pa.Table, warmup_steps: int) -> pa.Table:
+    """``steps_t`` without the first ``warmup_steps`` step events of each rank (by start time, the
+    order in which a recorder's automatic windows count them)."""
+    if warmup_steps == 0:
+        return steps_t
+    rank = steps_t["rank"].to_numpy(zero_copy_only=False)
+    order = np.lexsort((steps_t["t_start_ns"].to_numpy(zero_copy_only=False), rank))
+    sorted_rank = rank[order]
+    first_of_rank = np.r_[0, np.flatnonzero(np.diff(sorted_rank)) + 1]
+    run_start = np.repeat(first_of_rank, np.diff(np.r_[first_of_rank, len(order)]))
+    ordinal = np.empty(len(order), dtype=np.int64)
+    ordinal[order] = np.arange(len(order)) - run_start  # position of each event within its rank
+    return steps_t.filter(pa.array(ordinal >= warmup_steps))
 
 
 def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list[Any]:
@@ -131,7 +170,8 @@ def step_stats(sd: StepData | None) -> tuple[dict[str, float | None], dict[str, 
     names = ("step_time_mean_s", "step_time_p50_s", "step_time_p99_s", "step_time_cv", "tokens_per_s",
              "samples_per_s", "straggler_spread_pct")
     if sd is None or sd.n == 0:
-        return dict.fromkeys(names), dict.fromkeys(names, "no measured step events (events/ with window=measured)")
+        return dict.fromkeys(names), dict.fromkeys(
+            names, "no measured step events (events/ with window=measured, or unmarked steps after the warm-up)")
     t = sd.step_time_s
     m: dict[str, float | None] = {
         "step_time_mean_s": float(np.mean(t)),

@@ -106,7 +106,9 @@ def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str,
 
     # --- steps --------------------------------------------------------------------------------
     events = read_events(run.path)
-    sd = steps.measured_steps(events, rank_map)
+    sd = steps.measured_steps(events, rank_map, info.get("warmup_steps"))
+    if sd is not None and sd.window_rule:
+        notes.append(sd.window_rule)
     m, w = steps.step_stats(sd)
     metrics.update(m)
     why.update(w)

@@ -79,8 +79,11 @@ def monitor(
                         "torchtitan or nemo (for engines you cannot edit).")] = None,
     seq_len: Annotated[int | None, typer.Option(
         "--seq-len", help="With --parse: tokens per sample, to count tokens (logs do not print it).")] = None,
-    warmup_steps: Annotated[int, typer.Option(
-        "--warmup-steps", help="With --parse: leading steps marked warm-up, excluded from metrics.")] = 1,
+    warmup_steps: Annotated[int | None, typer.Option(
+        "--warmup-steps", min=0,
+        help="Leading steps of each rank that are warm-up, excluded from metrics: steps the command marks "
+             "with powertrain.step without a window (default 0: all measured), and with --parse the "
+             "parsed step lines (default 1).")] = None,
     prometheus: Annotated[str | None, typer.Option(
         "--prometheus", metavar="[HOST:]PORT",
         help="Serve live readings for Prometheus on this port (dcgm-exporter names); HOST defaults "
@@ -94,11 +97,16 @@ def monitor(
 
     Examples:
 
+      powertrain monitor --out runs/loop -- python examples/cpu_train_loop.py --steps 30
+
       powertrain monitor --out runs/burn --rate 50 -- python train.py --steps 100
 
       powertrain monitor --out runs/gpt --parse megatron --seq-len 4096 -- torchrun ... pretrain_gpt.py ...
 
       srun -N2 --ntasks-per-node=8 powertrain monitor --out /shared/runs/x -- python train.py
+
+    A loop that marks steps (`with powertrain.step(i, tokens=...)`) writes them into this run;
+    steps without a window are all measured, less --warmup-steps per rank.
 
     Under srun with several tasks, task 0 owns the run, the first task of each node runs that node's
     sampler, and every task runs COMMAND: one run directory, one sampler per node (--out must be on
@@ -121,11 +129,14 @@ def monitor(
             from powertrain.live.parse import LiveStepParser
 
             # under srun each task parses its own output into its own rank's file
-            parser = LiveStepParser(parse, out, seq_len=seq_len, warmup_steps=warmup_steps,
+            parser = LiveStepParser(parse, out, seq_len=seq_len,
+                                    warmup_steps=1 if warmup_steps is None else warmup_steps,
                                     default_rank=task["procid"] if task else 0)
         kw: dict[str, Any] = {"rate_hz": rate, "backends": backends if backends == "auto" else backends.split(","),
                               "echo": not quiet, "on_output": parser.feed if parser else None,
-                              "on_exit": parser.close if parser else None, "prometheus": prometheus}
+                              "on_exit": parser.close if parser else None, "prometheus": prometheus,
+                              # run.json's declared warm-up, applied to steps recorded without a window
+                              "warmup_steps": warmup_steps or 0}
         if task is not None:
             code, info = run_task_command(command, out, task, **kw)
         else:
