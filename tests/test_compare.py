@@ -45,6 +45,8 @@ def test_prediction_against_measurement(two_runs, tmp_path):
     result = CliRunner().invoke(app, ["compare", str(a), str(pred.path)])
     assert result.exit_code == 0, result.output
     assert "PREDICTION" in result.output and "1.100×" in result.output
+    rows = compare(a, pred.path)["rows"]
+    assert rows and all(r["better"] == "" for r in rows)  # B/A is the prediction's error, not a winner
 
 
 def test_sweeps_matched_by_run(tmp_path):

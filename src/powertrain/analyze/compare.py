@@ -48,12 +48,21 @@ def compare_metrics(ma: dict[str, Any], mb: dict[str, Any], names: list[str] | N
     return rows
 
 
+def _no_verdict_across_kinds(rows: list[dict[str, Any]], kind_a: Any, kind_b: Any) -> list[dict[str, Any]]:
+    """Measured against predicted: B/A is the prediction's error, not a win for either side."""
+    if (kind_a == "prediction") != (kind_b == "prediction"):
+        for r in rows:
+            r["better"] = ""
+    return rows
+
+
 def compare_runs(a: str | Path, b: str | Path, keep_null: bool = False) -> dict[str, Any]:
     sa, sb = load_summary(a), load_summary(b)
+    rows = compare_metrics(sa.get("metrics") or {}, sb.get("metrics") or {}, keep_null=keep_null)
     return {
         "a": {"path": str(a), "run": sa.get("run"), "kind": sa.get("kind"), "status": sa.get("status")},
         "b": {"path": str(b), "run": sb.get("run"), "kind": sb.get("kind"), "status": sb.get("status")},
-        "rows": compare_metrics(sa.get("metrics") or {}, sb.get("metrics") or {}, keep_null=keep_null),
+        "rows": _no_verdict_across_kinds(rows, sa.get("kind"), sb.get("kind")),
     }
 
 
@@ -72,7 +81,8 @@ def compare_sweeps(a: str | Path, b: str | Path, metrics: tuple[str, ...] = SWEE
             used.add(other["id"])
             pairs.append({"id_a": r["id"], "id_b": other["id"], "model": r.get("model"), "label": r["label"],
                           "status_a": r["status"], "status_b": other["status"], "kind_a": r["kind"],
-                          "kind_b": other["kind"], "rows": compare_metrics(r, other, list(metrics), keep_null=keep_null)})
+                          "kind_b": other["kind"], "rows": _no_verdict_across_kinds(
+                              compare_metrics(r, other, list(metrics), keep_null=keep_null), r["kind"], other["kind"])})
     return {"a": str(a), "b": str(b), "pairs": pairs,
             "only_a": [r["id"] for r in ra if r["id"] not in {p["id_a"] for p in pairs}],
             "only_b": [r["id"] for r in rb if r["id"] not in used]}
