@@ -20,7 +20,7 @@ err = Console(stderr=True, soft_wrap=True)
 _COLS = (("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}"), ("step_time_mean_s", "step s", "{:.3g}"),
          ("power_mean_w", "W mean", "{:.0f}"), ("power_peak_w", "W peak", "{:.0f}"), ("j_per_token", "J/tok", "{:.3g}"),
          ("temp_peak_c", "°C peak", "{:.0f}"), ("hottest_slot", "hottest", "{}"), ("throttle_share", "throttle", "{:.0%}"),
-         ("mem_per_device_bytes", "GiB/dev", "{:.1f}"))
+         ("mem_per_device_bytes", "GiB/dev", "{:.3g}"))
 
 
 def _fmt(key: str, fmt: str, v: object) -> str:
