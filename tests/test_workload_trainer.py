@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 
 import pytest
 import torch
@@ -124,3 +126,79 @@ def test_protocol_windows_and_minimum_measured_time(tmp_path):
     assert windows[:2] == ["warmup", "warmup"] and set(windows[2:]) == {"measured"}
     steps = [e for e in read_events(tmp_path).to_pylist() if e["kind"] == "step" and e["window"] == "measured"]
     assert (steps[-1]["t_end_ns"] - steps[0]["t_start_ns"]) / 1e9 >= 0.3  # the window lasts long enough
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory):
+    """A real 2-rank 1F1B run (llama3-tiny, 4 micro-batches) under `powertrain run`."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    folder = tmp_path_factory.mktemp("pp1f1b")
+    spec = folder / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "pp1f1b", "model": "llama3-tiny", "layout": {"pp": 2, "pp_schedule": "1f1b"},
+        "knobs": {"micro_batch": 1, "global_batch": 4}, "hardware": {"devices_per_node": 2},
+        "protocol": {"warmup_steps": 1, "measured_steps": 2}}))
+    res = subprocess.run([sys.executable, "-m", "powertrain.cli", "run", str(spec), "--out", str(folder / "run"),
+                          "--rate", "10"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return folder / "run"
+
+
+N_MICRO = 4
+
+
+@pytest.mark.slow
+def test_pipeline_run_records_each_stage_call_in_1f1b_order(pp_run):
+    ev = read_events(pp_run).to_pylist()
+    for step in (0, 1, 2):
+        for rank in (0, 1):  # rank r holds stage r
+            calls = sorted((e for e in ev if e["rank"] == rank and e["step"] == step
+                            and e["kind"] in ("forward", "backward")), key=lambda e: e["t_start_ns"])
+            stage = [json.loads(e["attrs"]) for e in calls]
+            assert {a["stage"] for a in stage} == {rank}
+            work = [(e["kind"][0].upper(), e["microbatch"]) for e, a in zip(calls, stage, strict=True)
+                    if a.get("part") != "loss"]
+            # one row per micro-batch per direction, no more
+            assert sorted(work) == [(d, k) for d in "BF" for k in range(N_MICRO)], work
+            if rank == 1:  # the last stage alternates: F0 B0 F1 B1 … (1F1B), its loss right after each F
+                assert work == [(d, k) for k in range(N_MICRO) for d in "FB"], work
+                loss = [e["microbatch"] for e, a in zip(calls, stage, strict=True) if a.get("part") == "loss"]
+                assert loss == list(range(N_MICRO))
+            else:  # the first stage warms up with two forwards, then 1B1F, then cools down
+                assert work == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)], work
+            pipe = next(e for e in ev if e["rank"] == rank and e["step"] == step and e["kind"] == "phase"
+                        and e["name"] == "pipeline")
+            assert all(pipe["t_start_ns"] <= e["t_start_ns"] <= e["t_end_ns"] <= pipe["t_end_ns"] for e in calls)
+            # the calls never overlap: what the pipeline phase keeps beyond them is its bubble
+            assert all(a["t_end_ns"] <= b["t_start_ns"] for a, b in itertools.pairwise(calls))
+
+
+@pytest.mark.slow
+def test_pipeline_run_trace_and_report_show_the_stage_calls(pp_run, tmp_path):
+    from powertrain.report import build_report
+    from powertrain.trace import export_trace
+
+    export_trace(pp_run, tmp_path / "t.json")
+    slices = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    for rank in (0, 1):
+        mine = [e for e in slices if e["tid"] == rank and e["args"].get("step") == 2]
+        fb = [e for e in mine if e["cat"] in ("forward", "backward") and "loss" not in e["name"]]
+        assert len(fb) == 2 * N_MICRO and {e["name"] for e in fb} == {f"stage{rank}.mb{k}" for k in range(N_MICRO)}
+        assert all(e["args"]["microbatch"] in range(N_MICRO) and e["args"]["attrs"]["stage"] == rank for e in fb)
+        pipe = next(e for e in mine if e["cat"] == "phase" and e["name"] == "pipeline")
+        assert all(pipe["ts"] <= e["ts"] and e["ts"] + e["dur"] <= pipe["ts"] + pipe["dur"] + 1e-3 for e in fb)
+    html = build_report(pp_run, tmp_path / "rep", ("svg",)).read_text()
+    assert 'id="fig-pipeline_schedule"' in html and "Per pipeline stage" in html
+    svg = (tmp_path / "rep" / "figures" / "pipeline_schedule.svg").read_text()
+    labels = set(re.findall(r"<text[^>]*>([FB]\d)</text>", svg))
+    assert labels == {f"{d}{k}" for d in "FB" for k in range(N_MICRO)}, labels  # every call of the step drawn
+    assert "stage 0 (rank 0)" in svg and "stage 1 (rank 1)" in svg
+    # the table: 4 forwards and 4 backwards per step on each stage, and a bubble share
+    assert re.search(r"<tr><td>1</td><td>1</td><td>4</td><td>4</td>.*?<td>\d+\.\d %</td></tr>", html)
+    assert "pipeline bubble + p2p wait" in (tmp_path / "rep" / "figures" / "phases.svg").read_text()
