@@ -122,6 +122,7 @@ def test_cli_calibrate_then_predict_with_the_profile(measured, tmp_path, monkeyp
     res = runner.invoke(app, ["calibrate", str(root / "dp1"), str(root / "dp2"), str(root / "tp2"), "--name", "cpu-x"])
     assert res.exit_code == 0, res.output
     assert "MAPE" in res.output and (tmp_path / "profiles" / "cpu-x.yaml").is_file()
+    assert "host probe kept for 1-thread ranks: fp32 matmul 150.0 GFLOP/s" in res.output
     assert load_profile("cpu-x").error["n_runs"] == 3
     spec = tmp_path / "spec.yaml"
     spec.write_text(json.dumps(_cfg("pp2", 2, pp=2).model_dump(mode="json")))

@@ -49,4 +49,7 @@ def calibrate_cmd(
               f"{e['step_time_mape_before']:.1%} → {e['step_time_mape']:.1%}")
     for label, rel in e["per_run"].items():
         out.print(f"  {rel:+.1%}  {label}")
+    for rec in prof.host_probes:  # what the CPU coefficients are relative to; predictions reuse it
+        out.print(f"host probe kept for {rec['threads']}-thread ranks: fp32 matmul {rec['matmul_flops'] / 1e9:.1f} GFLOP/s, "
+                  f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
     out.print(f"profile {prof.name!r} written to {path}")
