@@ -642,8 +642,8 @@ def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[
     rep.figure("pipeline_schedule", lambda: F.pipeline_schedule(
         rows, f"{name}: pipeline schedule of measured step {step}, per stage"),
         f"Measured step {step}: each stage's forward (F) and backward (B) of every micro-batch, in the order the "
-        "schedule ran them; grey is the stage's pipeline phase not spent in them (bubble and point-to-point "
-        "waits).")
+        "schedule ran them; grey is the rank's pipeline phase not spent in them: bubble and point-to-point waits "
+        "(with virtual stages, also the time the rank spends on its other stages, drawn on their own rows).")
     table = []
     for stage, rank in ranks_of:
         mycalls = [c for c in calls if c["stage"] == stage and c["rank"] == rank]

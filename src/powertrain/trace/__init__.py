@@ -8,7 +8,10 @@ Open the file in https://ui.perfetto.dev (or ``chrome://tracing``). Layout:
   value only ever grows; fields that are null on a device get no track at all (nothing invented);
 * one process ``ranks`` with **one thread (slice track) per rank** (``"ph": "X"``): its steps, and
   inside them its forward / backward / optimizer / … phases; communication intervals, which may
-  overlap compute, go on a second thread per rank (``rank <r> comm``) so slices nest properly;
+  overlap compute, go on a second thread per rank (``rank <r> comm``) so slices nest properly; a
+  pipeline rank's ``pipeline`` phase holds one slice per micro-batch forward and backward of each of
+  its stages (``stage<s>.mb<k>``, args ``microbatch`` and ``attrs.stage``), so the 1F1B pattern and the
+  bubble (the gaps between them) read directly off the track;
 * every timestamp is microseconds since the run's first telemetry sample or event (``t0_ns`` in
   ``metadata``), from the one host clock both the sampler and the ranks stamp with.
 
