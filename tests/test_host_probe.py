@@ -89,7 +89,7 @@ def test_summary_mfu_uses_the_runs_recorded_probe(tmp_path) -> None:
 def test_summary_of_an_old_run_probes_afresh_and_says_so(tmp_path) -> None:
     s = summarize_run(_cpu_run(tmp_path, None).path)
     assert s["metrics"]["mfu"] is not None
-    assert "fresh probe" in s["sources"]["peak_flops"] and "recorded none" in s["sources"]["peak_flops"]
+    assert "probe of this host" in s["sources"]["peak_flops"] and "recorded none" in s["sources"]["peak_flops"]
     bad = _cpu_run(tmp_path / "bad", {"matmul_flops": 1.0})
     s = summarize_run(bad.path)
     assert s["metrics"]["mfu"] is None and "copy_bytes_per_s" in s["why_null"]["mfu"]
@@ -105,8 +105,8 @@ def test_prediction_uses_the_profiles_probe_and_a_roundtrip_keeps_it(tmp_path) -
     bd = predict(cfg, loaded).breakdown
     assert bd["host_probe"]["matmul_flops"] == RECORD["matmul_flops"]
     assert bd["host_probe"]["source"].startswith("calibration profile 'cpu-rec'")
-    # no probe for these threads in the profile: a fresh one, and the breakdown says so
-    assert predict(cfg, Profile()).breakdown["host_probe"]["source"] == "fresh probe of this host"
+    # no probe for these threads in the profile: this host's kept probe, and the breakdown says so
+    assert predict(cfg, Profile()).breakdown["host_probe"]["source"].startswith("probe of this host measured")
     assert cpu_device(HostProbe.from_dict(RECORD, "x"), 2).peak("fp32") == RECORD["matmul_flops"]
 
 
@@ -115,3 +115,47 @@ def test_a_profile_with_an_incomplete_probe_is_refused(tmp_path) -> None:
     f.write_text(json.dumps({"name": "bad", "host_probes": [{"threads": 1}]}))
     with pytest.raises(ValueError, match="matmul_flops"):
         load_profile(str(f))
+
+
+def test_the_host_probe_is_kept_so_later_processes_reuse_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("POWERTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    probe_host.cache_clear()
+    first = probe_host(1)
+    probe_host.cache_clear()  # another process
+    second = probe_host(1)
+    assert first == second and second.source.startswith("probe of this host measured")
+    kept = list((tmp_path / "cache").glob("host-probe-*-1t.json"))
+    assert len(kept) == 1 and str(kept[0]) in second.source
+    # a probe taken under another identity (e.g. another torch) is not reused: probed again, kept anew
+    raw = json.loads(kept[0].read_text())
+    raw["identity"]["torch"] = "0.0"
+    raw["matmul_flops"] = 1.0
+    kept[0].write_text(json.dumps(raw))
+    probe_host.cache_clear()
+    assert probe_host(1).matmul_flops != 1.0
+    kept[0].write_text("{not json")
+    probe_host.cache_clear()
+    assert probe_host(1).matmul_flops > 1.0
+    probe_host.cache_clear()
+
+
+def test_three_predict_calls_with_the_default_profile_print_identical_step_times(tmp_path) -> None:
+    """A new user's first `predict` of a CPU spec, three times: the host is probed once and kept, so
+    every call prints the same step times to the last digit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "cpu-sweep.yaml"
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+           "POWERTRAIN_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for _ in range(3):
+        res = subprocess.run([sys.executable, "-m", "powertrain.cli", "predict", str(spec), "--json"],
+                             capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert res.returncode == 0, res.stderr
+        rows = [json.loads(line) for line in res.stdout.splitlines()]
+        assert rows and all("kept in" in r["breakdown"]["host_probe"]["source"] for r in rows)
+        outs.append([(r["config"]["name"], repr(r["metrics"]["step_time_mean_s"])) for r in rows])
+    assert outs[0] == outs[1] == outs[2]

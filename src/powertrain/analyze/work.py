@@ -84,7 +84,7 @@ def hardware_flops_per_token(model: Any, recompute: str) -> float:
 
 
 def cpu_probe_peak_flops(threads: int | None = None) -> float:
-    """fp32 matmul FLOP/s of this host with ``threads`` threads (default: a lone rank's), a fresh probe."""
+    """fp32 matmul FLOP/s of this host with ``threads`` threads (default: a lone rank's), from its kept probe."""
     from powertrain.hardware import probe_host, rank_threads
 
     return probe_host(threads or rank_threads(1)).matmul_flops
@@ -112,7 +112,7 @@ def peak_flops_per_device(device: str | None, precision: str, ranks_per_host: in
             where = "host probe recorded in run.json"
         else:
             probe = hw.probe_host(hw.rank_threads(share))
-            where = "fresh probe of the analysing host (the run recorded none)"
+            where = f"{probe.source}; the run recorded none"
         peak = hw.cpu_device(probe, share).peak(precision)
         return peak, (f"measured peak ({where}): fp32 matmul {probe.matmul_flops / 1e9:.1f} GFLOP/s with "
                       f"{probe.threads} thread(s) per rank, {share} rank(s) on {probe.cores} cores")

@@ -113,8 +113,8 @@ def predict_cmd(
     fresh = sorted({p["source"] for _, pred in results if (p := pred.breakdown.get("host_probe"))})
     for src in fresh:
         if not src.startswith("calibration profile"):
-            err.print(f"[yellow]note:[/] CPU speed from a {src} (profile {prof.name!r} holds no probe for these "
-                      "ranks' threads): repeated calls can differ; calibrate on CPU runs "
+            err.print(f"[yellow]note:[/] CPU speed from the {src} (profile {prof.name!r} holds no probe for these "
+                      "ranks' threads); to predict from the probes of measured runs, calibrate on them "
                       "(`powertrain calibrate RUN... --name NAME`) and predict with --profile NAME")
     if as_json:
         # JSON lines: one compact object per configuration, nothing else on stdout

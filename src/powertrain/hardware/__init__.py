@@ -20,6 +20,8 @@ Conventions: FLOP/s are dense (no structured sparsity); bandwidths are per devic
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -32,6 +34,7 @@ import yaml
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+log = logging.getLogger(__name__)
 # Where a device lacks a format, the next wider one it has runs the work.
 _FALLBACK = {"fp4": ("fp4", "fp8", "bf16", "fp16", "fp32"), "fp8": ("fp8", "bf16", "fp16", "fp32"),
              "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"),
@@ -348,10 +351,79 @@ def measure_host_probe(threads: int, repeats: int = PROBE_REPEATS) -> HostProbe:
                      cores=host_cores(), method=method)
 
 
+def probe_cache_dir() -> Path:
+    """Where host probes are kept between processes: ``$POWERTRAIN_CACHE_DIR``, else the user's cache."""
+    if env := os.environ.get("POWERTRAIN_CACHE_DIR"):
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "powertrain"
+
+
+def _probe_identity(threads: int) -> dict[str, Any]:
+    """What a kept probe must match to be reused: same host, CPU, core count, threads and torch."""
+    import platform
+    import socket
+
+    try:
+        import torch
+
+        torch_version = str(torch.__version__)
+    except ImportError:
+        torch_version = None
+    return {"host": socket.gethostname(), "machine": platform.machine(), "processor": platform.processor(),
+            "cores": host_cores(), "threads": threads, "torch": torch_version}
+
+
 @cache
 def probe_host(threads: int) -> HostProbe:
-    """:func:`measure_host_probe`, once per thread count for the life of the process."""
-    return measure_host_probe(threads)
+    """This host's probe for ``threads`` threads: measured once, then kept on disk and reused.
+
+    A probe is a measurement of a moment, and a busy host reads differently from one second to the
+    next; re-probing on every call made identical ``predict`` calls disagree. So the first probe of
+    a host (for a thread count, CPU and torch version) is kept in :func:`probe_cache_dir` and every
+    later process uses it; its ``source`` names the file and when it was measured. Delete the file
+    to probe again. Runs record their own probe (``run.json``) and profiles keep theirs; this one
+    serves only where neither exists.
+    """
+    ident = _probe_identity(threads)
+    path = probe_cache_dir() / f"host-probe-{ident['host']}-{threads}t.json"
+    kept = _read_kept_probe(path, ident)
+    if kept is not None:
+        return kept
+    probe = measure_host_probe(threads)
+    record = {**probe.to_dict(), "identity": ident, "t_ns": time.time_ns()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        try:
+            os.replace(tmp, path) if path.exists() else os.link(tmp, path)  # first writer wins a race
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("host probe not kept (%s): later processes will probe again", exc)
+        return HostProbe(**{**probe.to_dict(), "source": "probe of this host, measured now (could not be kept)"})
+    return _read_kept_probe(path, ident) or probe
+
+
+def _read_kept_probe(path: Path, ident: dict[str, Any]) -> HostProbe | None:
+    """The probe kept at ``path`` if it was taken under the same identity; None otherwise."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable host probe %s (%s): probing again", path, exc)
+        return None
+    if not isinstance(raw, dict) or raw.get("identity") != ident:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(raw.get("t_ns", 0)) / 1e9))
+    try:
+        return HostProbe.from_dict(raw, f"probe of this host measured {when}, kept in {path} (delete it to re-probe)")
+    except ValueError as exc:
+        log.warning("ignoring host probe %s: %s", path, exc)
+        return None
 
 
 def record_host_probe(ranks_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -45,6 +45,11 @@ BOUNDS = {"gemm_eff_fp32": (0.01, 4.0), "gemm_eff_16": (0.01, 4.0), "gemm_eff_fp
           "power_wait": (0.0, 1.0)}
 
 
+def _unrecorded(probe: HostProbe) -> HostProbe:
+    """The host's probe standing in for a run that recorded none, labelled so."""
+    return replace(probe, source=f"{probe.source}: the run recorded none")
+
+
 def _clamp(name: str, value: float) -> float:
     lo, hi = BOUNDS.get(name, (0.0, math.inf))
     return min(hi, max(lo, value))
@@ -92,8 +97,7 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
     if is_cpu_name(cfg.hardware.device):
         rec = info.get("host_probe")
         probe = (HostProbe.from_dict(rec, f"run.json of {rd.path.name}") if isinstance(rec, dict) else
-                 replace(probe_host(rank_threads(cfg.hardware.devices_per_node)),
-                         source="fresh probe of this host: the run recorded none"))
+                 _unrecorded(probe_host(rank_threads(cfg.hardware.devices_per_node))))
     ev = read_events(rd.path)
     mask = pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured"))
     steps = ev.filter(mask)
