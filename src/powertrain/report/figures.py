@@ -237,13 +237,14 @@ def study_panels(model: str, rows: Sequence[dict[str, Any]], efficiency: str, ef
             ax2.plot(xs, eff, "o-", color="#238b45", lw=1.2, ms=4, label=efficiency_label)
             ax2.set_ylabel(efficiency_label, color="#238b45", fontsize=8)
             ax2.grid(False)
+        ax.set_xlim(-0.6, len(rows) - 0.4)  # every configuration, also those with no bar (status marks)
     # One legend for all three panels, outside them (over the bars it hid the first configurations).
     handles = [Patch(facecolor="#6baed6", edgecolor="#08519c", label="average"),
                Patch(facecolor="#fd8d3c", edgecolor="#a63603", label="peak"),
                plt.Line2D([], [], color="#238b45", marker="o", lw=1.2, ms=4, label=efficiency_label)]
     if any(r.get("kind") == "prediction" for r in rows):
         handles.append(Patch(facecolor="white", edgecolor="#555", hatch="//", label="predicted"))
-    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.suptitle(f"{model}: temperature, power and SM clock per configuration "
                  f"(line: {efficiency_label}; hatched: predicted)")
     return fig
