@@ -20,8 +20,15 @@ those, fills the hosts into the rank map and fails the run when any node failed.
 Failure handling: a rank that raises writes ``logs/rank-<r>.error.json`` and exits; torchrun then
 stops the other ranks. The launcher waits at most ``crash_grace_s`` after the first error report
 (from any node) before killing the whole process group, so a crash ends the run within a bounded
-time. The run is marked ``failed`` with the first failing rank and its error tail; telemetry and
+time. The run is marked ``failed`` with the rank that caused it and its error tail; telemetry and
 events written up to the crash stay in the run directory.
+
+Which rank caused a failure is decided from recorded facts, never from which process happened to
+end first (:func:`attribute_failure`): a rank killed by a signal torchrun did not send comes first
+(it cannot say when it died, and its peers' errors are echoes of it); otherwise the rank whose
+error report has the earliest ``t_ns``. The ranks torchrun stopped in its tear-down ("Sending
+process P closing signal S" in its log) and the ranks that failed after the cause are listed in
+``run.json`` ``consequences``; ``failure_cause`` says how the cause was found.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ CRASH_GRACE_S = 20.0
 STOP_GRACE_S = 10.0
 ERROR_TAIL_LINES = 30
 NODE_WAIT_S = 120.0  # how long the owner waits for the other nodes' exit records
+# what a node tells the owner about its failing rank (node 0 keeps them in run.json)
+_CAUSE_KEYS = ("failed_rank", "error", "error_tail", "failure_cause", "consequences")
 
 
 @dataclass
@@ -92,26 +101,113 @@ def rank_map(cfg: RunConfig, hosts: str | list[str | None], device_type: str) ->
 
 
 def first_error(run_dir: Path) -> dict[str, Any] | None:
-    """The earliest ``rank-<r>.error.json`` written by a failing rank, if any."""
-    errors = []
+    """The earliest ``rank-<r>.error.json`` written by a failing rank (by the ``t_ns`` it recorded), if any.
+
+    A report without ``t_ns`` sorts last (its time is unknown, not early); equal times go to the lower rank.
+    """
+    errors = rank_errors(run_dir)
+    return min(errors.values(), key=_error_order) if errors else None
+
+
+def rank_errors(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank → its ``rank-<r>.error.json`` (the ranks that raised), unreadable files skipped."""
+    errors: dict[int, dict[str, Any]] = {}
     for p in (run_dir / "logs").glob("rank-*.error.json"):
         try:
-            errors.append(read_json(p))
-        except (OSError, ValueError):
+            e = read_json(p)
+            errors[int(e["rank"])] = e
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-    return min(errors, key=lambda e: e.get("t_ns", 0)) if errors else None
+    return errors
 
 
-_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)")
+def _error_order(e: dict[str, Any]) -> tuple[bool, int, int]:
+    t = e.get("t_ns")
+    return (t is None, t if t is not None else 0, int(e["rank"]))
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+# torchrun's tear-down (torch.distributed.elastic.multiprocessing.api): one line per rank that was
+# still running when it stopped the group, with the signal it sent (SIGTERM, later SIGKILL).
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
 
 
 def torchrun_failures(log: Path) -> dict[int, int]:
     """rank → exit code of every failed rank in torchrun's failure report."""
+    return {r: code for r, (code, _pid) in _torchrun_report(log).items()}
+
+
+def _torchrun_report(log: Path) -> dict[int, tuple[int, int | None]]:
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return {}
-    return {int(r): int(c) for r, c in _FAILURE.findall(text)}
+    return {int(r): (int(c), int(pid) if pid else None) for r, c, pid in _FAILURE.findall(text)}
+
+
+def torchrun_stopped(log: Path) -> dict[int, str]:
+    """rank → signal name, for every rank torchrun itself stopped in its tear-down after a failure.
+
+    torchrun names the pid of each rank it still found running ("Sending process P closing signal
+    S"); the failure report maps pids to ranks. A rank that died before the tear-down is not here.
+    """
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    sent: dict[int, str] = {}
+    for pid, sig in _CLOSING.findall(text):
+        sent.setdefault(int(pid), sig)  # the first signal sent (SIGTERM); SIGKILL only follows it
+    return {r: sent[pid] for r, (_code, pid) in _torchrun_report(log).items() if pid is not None and pid in sent}
+
+
+def attribute_failure(errors: Mapping[int, Mapping[str, Any]], failures: Mapping[int, int],
+                      stopped: Mapping[int, str], *, stopped_from_outside: bool = False
+                      ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(the failing rank that caused the run to fail, the other failed ranks as its consequences).
+
+    ``errors``: rank → its error report (``rank-<r>.error.json``); ``failures``: rank → exit code from
+    torchrun's report; ``stopped``: rank → signal of the ranks torchrun stopped in its tear-down;
+    ``stopped_from_outside``: powertrain itself stopped the ranks (interrupt, time limit).
+
+    Precedence, from recorded facts only (never from which process happened to finish first):
+
+    1. A rank killed by a signal that torchrun did not send (SIGKILL, OOM killer, segfault), without
+       an error report, is the cause: it could not record a time, and its peers' errors
+       ("connection closed by peer") are echoes of its death. Not when powertrain stopped the ranks.
+    2. Otherwise the rank whose error report carries the earliest ``t_ns`` (the first that raised).
+    3. Every other failed rank is a consequence: stopped by torchrun's tear-down, or failed after it.
+
+    The cause is ``{"rank", "how": "killed"|"error", "error", "t_ns"}``; each consequence
+    ``{"rank", "how", "exit_code", "error"}``.
+    """
+    killed = sorted(r for r, c in failures.items()
+                    if c < 0 and r not in stopped and r not in errors and not stopped_from_outside)
+    cause: dict[str, Any] | None = None
+    if killed:
+        # A rank killed by something other than SIGTERM is preferred: torchrun's own SIGTERM is the
+        # likelier one when its tear-down line was not in the log (an older torch that did not say it).
+        r = next((k for k in killed if failures[k] != -signal.SIGTERM), killed[0])
+        cause = {"rank": r, "how": "killed", "error": f"killed by {_signal_name(failures[r])}", "t_ns": None}
+    elif errors:
+        e = min(errors.values(), key=_error_order)
+        cause = {"rank": int(e["rank"]), "how": "error", "error": e.get("error"), "t_ns": e.get("t_ns")}
+    if cause is None:
+        return None, []
+    consequences = []
+    for r in sorted({*failures, *errors} - {cause["rank"]}):
+        code = failures.get(r)
+        err = errors.get(r, {}).get("error")
+        if r in stopped:
+            how = f"stopped by torchrun ({stopped[r]}) after rank {cause['rank']} failed"
+        elif code is not None and code < 0 and stopped_from_outside:
+            how = f"stopped by powertrain ({_signal_name(code)})"
+        elif code is not None and code < 0 and r not in errors:
+            how = f"killed by {_signal_name(code)}"
+        else:
+            how = f"failed after rank {cause['rank']}"
+        consequences.append({"rank": r, "how": how, "exit_code": code, "error": err})
+    return cause, consequences
 
 
 def _signal_name(code: int) -> str:
@@ -263,7 +359,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
         wait_for_shared_file(spec_path, 60.0, "node 0's spec.json")
         status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
         record.update(status=status, reason=reason, exit_code=code,
-                      **{k: mon.info[k] for k in ("failed_rank", "error", "error_tail") if k in mon.info})
+                      **{k: mon.info[k] for k in _CAUSE_KEYS if k in mon.info})
     except BaseException as exc:
         status, reason, code = "failed", f"launcher error: {type(exc).__name__}: {exc}", None
         record.update(status=status, reason=reason)
@@ -296,15 +392,56 @@ def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: 
     missing = [r for r in range(1, nnodes) if r not in done]
     if not bad and not missing:
         return status, reason
-    if "failed_rank" not in mon.info:  # this node's ranks were fine: tell the first failing node's error
-        first = next((d for d in bad.values() if "failed_rank" in d), None)
-        if first is not None:
-            mon.info.update(failed_rank=first["failed_rank"], error=first.get("error"), error_tail=first.get("error_tail"))
-    # a rank's error file is seen by every node: do not repeat the reason node 0 already gives
-    notes = [f"node {r} ({d.get('host')}): {d.get('reason') or 'failed'}" for r, d in bad.items()
-             if d.get("reason") != reason]
+    # Every node sees every rank's error report (shared folder), but only the node of a killed rank
+    # knows it was killed: the causes of all nodes are ranked by the same precedence as one node's.
+    own = {k: mon.info[k] for k in _CAUSE_KEYS if k in mon.info}
+    records = [(0, reason, own), *((r, d.get("reason"), d) for r, d in bad.items())]
+    with_cause = [rec for rec in records if rec[2].get("failure_cause")]
+    if with_cause:
+        node, _, chosen = min(with_cause, key=lambda rec: _cause_order(rec[2]["failure_cause"], rec[0]))
+        cause = chosen["failure_cause"]
+        mon.info.update({k: chosen[k] for k in ("failed_rank", "error", "error_tail", "failure_cause") if k in chosen},
+                        consequences=_merge_consequences(cause, [rec[2] for rec in with_cause]))
+        records.sort(key=lambda rec: rec[0] != node)  # the cause's node speaks first
+    # a rank's error file is seen by every node: do not repeat a reason another node already gives
+    notes: list[str] = []
+    told: set[str | None] = set()
+    for r, why, _ in records:
+        if r == 0:
+            if why:
+                notes.append(why)
+        elif why not in told:
+            notes.append(f"node {r} ({done[r].get('host')}): {why or 'failed'}")
+        if why:
+            told.add(why)
     notes += [f"node {r} left no exit record within {NODE_WAIT_S:.0f} s" for r in missing]
-    return "failed", "; ".join(filter(None, [reason, *notes])) or "a node failed"
+    return "failed", "; ".join(notes) or "a node failed"
+
+
+def _cause_order(cause: Mapping[str, Any], node: int) -> tuple[bool, bool, int, int]:
+    """A killed rank before any error report, then the earliest report; node and rank break ties."""
+    t = cause.get("t_ns")
+    return (cause.get("how") != "killed", t is None, t if t is not None else 0, node)
+
+
+def _merge_consequences(cause: Mapping[str, Any], infos: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """All nodes' consequences of ``cause``, one per rank; a node's own knowledge (its tear-down, a
+    kill) wins over what any node reads from the shared error reports."""
+    out: dict[int, dict[str, Any]] = {}
+    for info in infos:
+        other = info["failure_cause"]
+        entries = list(info.get("consequences") or [])
+        if other["rank"] != cause["rank"]:
+            how = other["error"] if other["how"] == "killed" else f"failed after rank {cause['rank']}"
+            entries.append({"rank": other["rank"], "how": how, "exit_code": None,
+                            "error": None if other["how"] == "killed" else other["error"]})
+        for e in entries:
+            if e["rank"] == cause["rank"]:
+                continue
+            known = out.get(e["rank"])
+            if known is None or (known["how"].startswith("failed after") and not e["how"].startswith("failed after")):
+                out[e["rank"]] = dict(e)
+    return [out[r] for r in sorted(out)]
 
 
 def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None, env: Mapping[str, str] | None,
@@ -359,24 +496,16 @@ def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None
     mon.info["launch"] = {"t_start_ns": t_launch, "t_end_ns": t_end, "exit_code": code}
 
     status, reason = "ok", None
-    err = first_error(run.path)
     failures = torchrun_failures(log) if code != 0 else {}
-    # A rank killed without a word (SIGKILL, OOM killer, segfault) is the origin: its peers' errors
-    # ("connection closed by peer") are only echoes of it.
-    killed = sorted(r for r, c in failures.items() if c < 0 and not (run.logs_dir / f"rank-{r}.error.json").exists()
-                    and not (interrupted or timed_out))
-    if killed:
-        # torchrun stops the survivors with SIGTERM: a rank killed by anything else came first.
-        r = next((k for k in killed if failures[k] != -signal.SIGTERM), killed[0])
+    cause, consequences = attribute_failure(rank_errors(run.path), failures, torchrun_stopped(log) if failures else {},
+                                            stopped_from_outside=bool(interrupted or timed_out))
+    if cause is not None:
+        r = cause["rank"]
         tail = _tail(run.logs_dir / f"rank-{r}.log")
-        error = f"killed by {_signal_name(failures[r])}"
-        mon.info.update(failed_rank=r, error=error, error_tail=tail)
-        status, reason = "failed", f"rank {r} {error}"
-    elif err is not None:
-        r = err["rank"]
-        tail = _tail(run.logs_dir / f"rank-{r}.log")
-        mon.info.update(failed_rank=r, error=err["error"], error_tail=tail)
-        status, reason = "failed", f"rank {r} failed: {err['error']}"
+        mon.info.update(failed_rank=r, error=cause["error"], error_tail=tail, failure_cause=cause,
+                        consequences=consequences)
+        status = "failed"
+        reason = f"rank {r} {cause['error']}" if cause["how"] == "killed" else f"rank {r} failed: {cause['error']}"
     elif code != 0 or timed_out or interrupted:
         tail = _tail(log)
         mon.info["error_tail"] = tail
