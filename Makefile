@@ -8,7 +8,7 @@ demo:            ## set up, run a small real characterization job on this CPU, a
 test:            ## set up (including Slurm and Chromium when root) and run lint + the whole test suite
 	@scripts/setup.sh --system
 	@.venv/bin/ruff check src tests benchmarks
-	@.venv/bin/python -m pytest -q
+	@.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 lint:
 	@.venv/bin/ruff check src tests benchmarks

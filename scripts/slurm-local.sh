@@ -52,7 +52,9 @@ CONF
 alive() {  # alive PIDFILE NAME
   [ -f "$1" ] || return 1
   local p; p=$(cat "$1")
-  [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$2" ]
+  [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$2" ] || return 1
+  # a zombie (exited, not yet reaped by a PID 1 that does not reap) is not alive
+  [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" != Z ]
 }
 
 case "$cmd" in
@@ -84,6 +86,13 @@ case "$cmd" in
     for f in "$S/run/slurmd.pid:slurmd" "$S/run/slurmctld.pid:slurmctld" "$S/munge-run/munged.pid:munged"; do
       file=${f%%:*}; name=${f##*:}
       if alive "$file" "$name"; then kill "$(cat "$file")"; fi
+    done
+    # wait (bounded) until they are gone, so a start right after this one starts fresh daemons
+    # instead of "reusing" ones that are shutting down
+    for _ in $(seq 300); do
+      alive "$S/run/slurmd.pid" slurmd || alive "$S/run/slurmctld.pid" slurmctld \
+        || alive "$S/munge-run/munged.pid" munged || break
+      sleep 0.1
     done
     ;;
   status)

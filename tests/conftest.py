@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,14 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def slurm_conf():
+def slurm_conf() -> Iterator[str]:
     """A real single-node Slurm on localhost (scripts/slurm-local.sh): path of its slurm.conf.
 
-    One folder (one set of ports) per machine: a running local Slurm is reused, and only what this
-    session started is stopped. Skips with one line when Slurm is not installed or we are not root.
+    One folder (one set of ports) per machine, shared by every pytest-xdist worker (and any other test
+    session): a lock file next to it makes the start one at a time, so one session starts the
+    daemons and the others reuse them; each user holds a shared lock while it uses Slurm, and the
+    session that started it stops it only once it gets the lock exclusively (no one else is using it).
+    Skips with one line when Slurm is not installed or we are not root.
     """
     if shutil.which("slurmctld") is None or shutil.which("srun") is None:
         pytest.skip("slurm-wlm is not installed (scripts/setup.sh --system installs it as root)")
@@ -42,11 +47,35 @@ def slurm_conf():
         pytest.skip("the local Slurm needs root")
     folder = Path(os.environ.get("POWERTRAIN_SLURM_DIR", "/tmp/powertrain-slurm"))
     script = REPO / "scripts" / "slurm-local.sh"
-    status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
-    was_running = "slurmctld: running" in status.stdout
-    res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
-    if res.returncode != 0:
-        pytest.fail(f"local Slurm did not start: {res.stderr}")
-    yield str(folder / "slurm.conf")
-    if not was_running:
-        subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # slurm-local.sh start is not safe to run twice at once
+        status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
+        was_running = "slurmctld: running" in status.stdout
+        res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
+        fcntl.flock(lock, fcntl.LOCK_SH)  # in use by this session from now on
+        if res.returncode != 0:
+            pytest.fail(f"local Slurm did not start: {res.stderr}")
+        yield str(folder / "slurm.conf")
+        if not was_running:
+            fcntl.flock(lock, fcntl.LOCK_UN)  # let the others' shared locks be the only ones …
+            fcntl.flock(lock, fcntl.LOCK_EX)  # … and wait until they are gone
+            subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order and group the tests for ``pytest -n 2 --dist loadgroup`` (``make test``).
+
+    Every Slurm test joins one xdist group, so one worker runs them all against the one local Slurm.
+    pytest 9.2 with pytest-xdist 3.8 silently loses such groups (pytest-dev/pytest-xdist#1386: xdist
+    rewrites a node id pytest no longer reads), so safety does not rest on the group: the
+    ``slurm_conf`` lock lets two workers share the one Slurm (its node has slots for both).
+    The end-to-end (``slow``) tests go first, in their file order: started early they run beside
+    the many quick ones instead of being the tail of the run on one worker while the other idles.
+    Every worker collects the same list and orders it the same way, as xdist requires.
+    """
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order kept

@@ -44,15 +44,22 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
 
 
 def _free_port() -> int:
-    """A free port in the range ``slurm_nodes`` derives ports from (29500–39499)."""
-    for port in random.sample(range(29500, 39500), 200):
+    """A free port in the range ``slurm_nodes`` derives ports from (29500–39499), below the kernel's
+    ephemeral range: no port the kernel hands out (torchrun --standalone, any client socket of a
+    parallel test worker) can take it between this check and node 0's bind."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    ports = range(29500, min(39500, low))
+    for port in random.sample(ports, min(200, len(ports))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    pytest.skip("no free port in 29500–39499")
+    pytest.skip(f"no free port in 29500–{min(39500, low) - 1}")
 
 
 def _write(path: Path, spec: dict) -> str:
@@ -151,5 +158,8 @@ def test_a_failing_rank_on_another_node_fails_the_run(tmp_path):
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "failed" and info["failed_rank"] == 1
     assert "injected fault (POWERTRAIN_FAULT) on rank 1 at step 1" in info["reason"]
+    # node 0's rank failed on the closed connection: a consequence, not a second cause
+    assert info["failure_cause"]["how"] == "error"
+    assert [(c["rank"], c["how"]) for c in info["consequences"]] == [(0, "failed after rank 1")]
     assert info["nodes"]["exits"]["1"]["status"] == "failed"
     assert set(info["sampler_hosts"]) == {"node0", "node1"}  # both samplers closed, data kept
