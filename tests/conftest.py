@@ -35,10 +35,12 @@ def shared_data() -> Path:
 def slurm_conf() -> Iterator[str]:
     """A real single-node Slurm on localhost (scripts/slurm-local.sh): path of its slurm.conf.
 
-    One folder (one set of ports) per machine, shared by every pytest-xdist worker (and any other test
-    session): a lock file next to it makes the start one at a time, so one session starts the
-    daemons and the others reuse them; each user holds a shared lock while it uses Slurm, and the
-    session that started it stops it only once it gets the lock exclusively (no one else is using it).
+    One folder (one set of ports) per machine, shared by every pytest-xdist worker and any other test
+    session. Two lock files next to it: ``start`` makes starting and stopping one at a time (one
+    session starts the daemons, the others find them running); every session holds ``use`` shared
+    while it needs Slurm. At the end, the last user (the one that gets ``use`` exclusively) stops
+    the daemons if a test session started them (a marker in the folder), whichever worker that was;
+    a Slurm someone started by hand is left running. No session waits for another to finish.
     Skips with one line when Slurm is not installed or we are not root.
     """
     if shutil.which("slurmctld") is None or shutil.which("srun") is None:
@@ -47,20 +49,32 @@ def slurm_conf() -> Iterator[str]:
         pytest.skip("the local Slurm needs root")
     folder = Path(os.environ.get("POWERTRAIN_SLURM_DIR", "/tmp/powertrain-slurm"))
     script = REPO / "scripts" / "slurm-local.sh"
+    marker = folder / ".started-by-tests"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # slurm-local.sh start is not safe to run twice at once
-        status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
-        was_running = "slurmctld: running" in status.stdout
-        res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
-        fcntl.flock(lock, fcntl.LOCK_SH)  # in use by this session from now on
-        if res.returncode != 0:
-            pytest.fail(f"local Slurm did not start: {res.stderr}")
+    # Always "start" before "use" (setup and teardown alike): the two can never deadlock.
+    with open(folder.parent / f".{folder.name}.start.lock", "a") as start, \
+            open(folder.parent / f".{folder.name}.use.lock", "a") as use:
+        fcntl.flock(start, fcntl.LOCK_EX)  # slurm-local.sh start/stop are not safe to run twice at once
+        try:
+            status = subprocess.run([str(script), "status", str(folder)], capture_output=True, text=True, timeout=30)
+            res = subprocess.run([str(script), "start", str(folder)], capture_output=True, text=True, timeout=120)
+            if res.returncode != 0:
+                pytest.fail(f"local Slurm did not start: {res.stderr}")
+            if "slurmctld: running" not in status.stdout:
+                marker.touch()
+            fcntl.flock(use, fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(start, fcntl.LOCK_UN)
         yield str(folder / "slurm.conf")
-        if not was_running:
-            fcntl.flock(lock, fcntl.LOCK_UN)  # let the others' shared locks be the only ones …
-            fcntl.flock(lock, fcntl.LOCK_EX)  # … and wait until they are gone
+        fcntl.flock(start, fcntl.LOCK_EX)
+        fcntl.flock(use, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another session still uses it: the last one out stops it
+        if marker.exists():
             subprocess.run([str(script), "stop", str(folder)], capture_output=True, timeout=60)
+            marker.unlink()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
