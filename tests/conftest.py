@@ -16,6 +16,18 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("POWERTRAIN_SHARED", REPO.parent / "shared"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_probe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Host probes kept by this test session only (not the user's ~/.cache), for it and its subprocesses."""
+    before = os.environ.get("POWERTRAIN_CACHE_DIR")
+    os.environ["POWERTRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("probe-cache"))
+    yield
+    if before is None:
+        os.environ.pop("POWERTRAIN_CACHE_DIR", None)
+    else:
+        os.environ["POWERTRAIN_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def python() -> str:
     """The interpreter of this test session (the project's venv)."""

@@ -95,13 +95,16 @@ def test_monitor_prometheus_answers_while_running_and_only_on_loopback(tmp_path)
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        m = None
-        while m is None:
+        m: dict | None = None
+        # the exporter answers as soon as it listens; the first sample may come a tick later
+        while m is None or _value(m, "powertrain_cpu_util_pct", device="cpu") is None:
             try:
                 m = _scrape("127.0.0.1", port)
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise
+            if m is None or _value(m, "powertrain_cpu_util_pct", device="cpu") is None:
+                assert time.monotonic() < deadline and proc.poll() is None, f"no sample served: {m}"
                 time.sleep(0.1)
         assert _value(m, "powertrain_cpu_util_pct", device="cpu") is not None
         assert _value(m, "powertrain_sample_timestamp_seconds") == pytest.approx(time.time(), abs=10)
