@@ -181,7 +181,7 @@ def test_sweep_legends_do_not_cover_the_data():
 def test_self_phases_take_nested_intervals_out_of_their_parent():
     import pyarrow as pa
 
-    from powertrain.report.build import self_phases
+    from powertrain.analyze.steps import self_phases
     from powertrain.schema import EVENTS_SCHEMA
 
     def ev(kind, a, b, name=None, rank=0, step=1):

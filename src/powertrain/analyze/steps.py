@@ -104,7 +104,7 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
             spread = (np.nanmax(dur, axis=0) - np.nanmin(dur, axis=0)) / med * 100
         else:
             spread = np.full(len(uniq), np.nan)
-    phases = _phases(events, set(uniq.tolist()))
+    phases = self_phases(events, set(uniq.tolist()))
     return StepData(
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
@@ -151,18 +151,44 @@ def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
     return out
 
 
-def _phases(events: pa.Table, steps: set[int]) -> list[dict[str, Any]]:
-    """Summed duration per (rank, kind) of the non-step events inside measured steps."""
-    other = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
-                                  pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
-    if other.num_rows == 0:
+# A "phase" event's label: its name, or for its self time once nested phases are taken out, this.
+CONTAINER_LABELS = {"pipeline": "pipeline bubble + p2p wait"}
+
+
+def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]]:
+    """Summed *self* seconds per (rank, label) of the non-step events inside ``steps``.
+
+    Each event's direct parent is the innermost earlier event of the same rank that contains it; the
+    child's duration is taken out of the parent's, so nested intervals are not counted twice. The
+    label is the kind, except for ``phase`` events: their name, and for a phase that contained other
+    events the name of what is left (``pipeline`` → "pipeline bubble + p2p wait"; else "<name> (rest)").
+    """
+    if events is None or not events.num_rows or not steps:
         return []
-    other = other.append_column("seconds", pc.divide(pc.cast(pc.subtract(other["t_end_ns"], other["t_start_ns"]),
-                                                             pa.float64()), 1e9))
-    agg = other.group_by(["rank", "kind"]).aggregate([("seconds", "sum")]).sort_by([("rank", "ascending"),
-                                                                                  ("kind", "ascending")])
-    return [{"rank": r, "kind": k, "seconds": v} for r, k, v in zip(
-        agg["rank"].to_pylist(), agg["kind"].to_pylist(), agg["seconds_sum"].to_pylist(), strict=True)]
+    sel = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
+                                pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
+    rows = sorted(zip(sel["rank"].to_pylist(), sel["t_start_ns"].to_pylist(), sel["t_end_ns"].to_pylist(),
+                      sel["kind"].to_pylist(), sel["name"].to_pylist(), strict=True),
+                  key=lambda e: (e[0], e[1], -(e[2] - e[1])))  # enclosing interval first at equal starts
+    self_ns = [b - a for _, a, b, _, _ in rows]
+    has_child = [False] * len(rows)
+    stack: list[int] = []
+    for i, (rank, _, end, _, _) in enumerate(rows):
+        while stack and (rows[stack[-1]][0] != rank or rows[stack[-1]][2] < end):
+            stack.pop()  # not this rank's, or ends before this one ends: not a parent
+        if stack:
+            self_ns[stack[-1]] -= end - rows[i][1]
+            has_child[stack[-1]] = True
+        stack.append(i)
+    acc: dict[tuple[int, str], float] = {}
+    for (rank, _, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
+        label = kind
+        if kind == "phase":
+            label = name or "phase"
+            if child:
+                label = CONTAINER_LABELS.get(label, f"{label} (rest)")
+        acc[(rank, label)] = acc.get((rank, label), 0.0) + max(ns, 0) / 1e9
+    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
 
 
 def step_stats(sd: StepData | None) -> tuple[dict[str, float | None], dict[str, str]]:

@@ -324,7 +324,7 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
         rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
                                                           f"{name}: per-rank step time"),
                    "Per-rank step time across measured steps: a straggler is a bright row.")
-        phases = self_phases(events, set(sd.steps.tolist()))
+        phases = steps_mod.self_phases(events, set(sd.steps.tolist()))
         if phases:
             kinds = sorted({p["kind"] for p in phases})
             ranks = sd.ranks
@@ -530,7 +530,7 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]], sweep: P
         run_path = sweep / str(r["id"])
         events = read_events(run_path) if (run_path / "events").is_dir() else None
         sd = steps_mod.measured_steps(events) if events is not None and events.num_rows else None
-        phases = self_phases(events, set(sd.steps.tolist())) if sd is not None else []
+        phases = steps_mod.self_phases(events, set(sd.steps.tolist())) if sd is not None else []
         n = sd.n if sd is not None else 0
         if not phases or not n:
             continue
@@ -546,46 +546,6 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]], sweep: P
             groups.append(acc)
     kinds = sorted({k for g in groups for k in g})
     return labels, {k: [g.get(k, 0.0) for g in groups] for k in kinds}, "phase events"
-
-
-# A "phase" event's label: its name, or for its self time once nested phases are taken out, this.
-CONTAINER_LABELS = {"pipeline": "pipeline bubble + p2p wait"}
-
-
-def self_phases(events: Any, steps: set[int]) -> list[dict[str, Any]]:
-    """Summed *self* seconds per (rank, label) of the non-step events inside ``steps``.
-
-    Each event's direct parent is the innermost earlier event of the same rank that contains it; the
-    child's duration is taken out of the parent's, so nested intervals are not counted twice. The
-    label is the kind, except for ``phase`` events: their name, and for a phase that contained other
-    events the name of what is left (``pipeline`` → "pipeline bubble + p2p wait"; else "<name> (rest)").
-    """
-    if events is None or not events.num_rows or not steps:
-        return []
-    sel = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
-                                pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
-    rows = sorted(zip(sel["rank"].to_pylist(), sel["t_start_ns"].to_pylist(), sel["t_end_ns"].to_pylist(),
-                      sel["kind"].to_pylist(), sel["name"].to_pylist(), strict=True),
-                  key=lambda e: (e[0], e[1], -(e[2] - e[1])))  # enclosing interval first at equal starts
-    self_ns = [b - a for _, a, b, _, _ in rows]
-    has_child = [False] * len(rows)
-    stack: list[int] = []
-    for i, (rank, _, end, _, _) in enumerate(rows):
-        while stack and (rows[stack[-1]][0] != rank or rows[stack[-1]][2] < end):
-            stack.pop()  # not this rank's, or ends before this one ends: not a parent
-        if stack:
-            self_ns[stack[-1]] -= end - rows[i][1]
-            has_child[stack[-1]] = True
-        stack.append(i)
-    acc: dict[tuple[int, str], float] = {}
-    for (rank, _, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
-        label = kind
-        if kind == "phase":
-            label = name or "phase"
-            if child:
-                label = CONTAINER_LABELS.get(label, f"{label} (rest)")
-        acc[(rank, label)] = acc.get((rank, label), 0.0) + max(ns, 0) / 1e9
-    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
 
 
 def _attrs(text: str | None) -> dict[str, Any]:
