@@ -34,8 +34,9 @@ IMPORTS: list[tuple[str, str, list[str], list[str]]] = [
     ("mlperf-lora-8node", "mlperf", ["mlperf-v4.0-smc-h100/llama2-70b-lora_8node_64gpu"], []),
     ("mlperf-gpt3-512", "mlperf", ["mlperf-v4.0-smc-h100/gpt3-175b_64node_512gpu"], []),
     ("wilkins-h100x8", "nvsmi", ["wilkins-nvsmi-h100x8-titanx2/h100x8_gpt8b_ddp/ckpt1000.csv"], ["--tz", "UTC"]),
-    ("zeus-samples", "zeus", ["zeus-monitor-samples/A40+resnet18+gpu0,1,2,3.csv"], []),
-    ("perseus", "zeus", ["perseus-sosp24-pipeline-energy/a40x16_gpt3-6.7b_dp2pp4tp2/0.prof.json"], []),
+    ("zeus-samples", "zeus", ["zeus-monitor-samples/A40+resnet18+gpu0,1,2,3.csv"], ["--anchor", "2023-07-07T12:00:00Z"]),
+    ("perseus", "zeus", ["perseus-sosp24-pipeline-energy/a40x16_gpt3-6.7b_dp2pp4tp2/0.prof.json"],
+     ["--anchor", "2024-01-01T00:00:00Z"]),
     ("kineto", "kineto", ["hta-kineto-traces/a100_rank0_of_2_nccl_meta/nccl_data.json.gz"], []),
 ]
 
