@@ -1,0 +1,153 @@
+"""Which importer reads which kind of source, and how one import of several sources is put together.
+
+:func:`build` groups the sources by kind (detected per source for ``auto``), runs each kind's importer
+with the options it reads, joins the results (:func:`merge`), runs the power-timeline detector where
+only telemetry came along, and checks an ``--anchor`` against the telemetry. See :mod:`powertrain.importers`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, iso
+from powertrain.importers.detect import detect_kind
+
+KINDS = ("nvsmi", "mlperf", "zeus", "powertraces", "study_csv", "framework_log", "kineto")
+# Kinds whose telemetry may hide checkpoint dips / stalls worth detecting when no step log came along.
+_TELEMETRY_KINDS = ("nvsmi", "powertraces", "study_csv")
+
+
+def _importer(kind: str) -> Callable[..., RunBuilder]:
+    f: Callable[..., RunBuilder]  # each kind's import function takes its own keyword options (_OPTIONS)
+    if kind == "nvsmi":
+        from powertrain.importers.nvsmi import import_nvsmi as f
+    elif kind == "mlperf":
+        from powertrain.importers.mlperf import import_mlperf as f
+    elif kind == "zeus":
+        from powertrain.importers.zeus import import_zeus as f
+    elif kind == "powertraces":
+        from powertrain.importers.powertraces import import_powertraces as f
+    elif kind == "study_csv":
+        from powertrain.importers.study_csv import import_study_csv as f
+    elif kind == "framework_log":
+        from powertrain.importers.framework_logs import import_framework_log as f
+    elif kind == "kineto":
+        from powertrain.importers.kineto import import_kineto as f
+    else:
+        raise ValueError(f"unknown import kind {kind!r}; choose one of: auto, {', '.join(KINDS)}")
+    return f
+
+
+_OPTIONS = {  # which keyword options each importer takes
+    "nvsmi": ("tz", "gpus", "hosts"),
+    "mlperf": ("warmup_steps",),
+    "zeus": ("tz", "anchor_ns", "warmup_steps"),
+    "powertraces": ("tz",),
+    "study_csv": ("gpus_per_node",),
+    "framework_log": ("tz", "seq_len", "anchor_ns", "warmup_steps"),
+    "kineto": ("hta", "warmup_steps"),
+}
+# Options that only some kinds read: given for an import where no source reads them, they are refused
+# rather than silently ignored.
+_REFUSED_UNLESS_READ = {"anchor_ns": "--anchor", "warmup_steps": "--warmup-steps", "seq_len": "--seq-len"}
+
+
+def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[str, list[Path]]:
+    """Sources per kind; for ``auto`` each source is detected, and an undetectable one is an error."""
+    paths = [Path(s) for s in sources]
+    for p in paths:
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    if kind != "auto":
+        _importer(kind)
+        return {kind: paths}
+    groups: dict[str, list[Path]] = {}
+    for p in paths:
+        k = detect_kind(p)
+        if k is None:
+            raise SourceFormatError(p, None, "cannot tell which format this is; name it: "
+                                             f"powertrain import KIND ... with KIND one of {', '.join(KINDS)}")
+        groups.setdefault(k, []).append(p)
+    return groups
+
+
+def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events: bool = True,
+          name: str | None = None, **options: Any) -> RunBuilder:
+    """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
+    groups = group_sources(kind, sources)
+    for opt, flag in _REFUSED_UNLESS_READ.items():
+        if options.get(opt) is not None and not any(opt in _OPTIONS[k] for k in groups):
+            readers = ", ".join(k for k, o in _OPTIONS.items() if opt in o)
+            raise ValueError(f"{flag} does not apply to {', '.join(groups)} sources (only to {readers}): drop it")
+    builders = []
+    for k, paths in groups.items():
+        opts = {o: v for o, v in options.items() if o in _OPTIONS[k] and v is not None}
+        builders.append(_importer(k)(paths, name=name, **opts))
+    b = merge(builders) if len(builders) > 1 else builders[0]
+    if detect_events and any(k in _TELEMETRY_KINDS for k in groups):
+        add_detected_events(b)
+    if options.get("anchor_ns") is not None:
+        check_anchor(b)
+    return b
+
+
+def check_anchor(b: RunBuilder) -> None:
+    """Warn when steps placed by ``--anchor`` miss the telemetry imported with them (a wrong anchor)."""
+    tel, ev = b.telemetry(), b.events()
+    steps = ev.filter(pc.equal(ev.column("kind"), "step")) if ev.num_rows else ev
+    if tel.num_rows == 0 or steps.num_rows == 0:
+        return
+    t0, t1 = pc.min(tel.column("t_ns")).as_py(), pc.max(tel.column("t_ns")).as_py()
+    s0, s1 = pc.min(steps.column("t_start_ns")).as_py(), pc.max(steps.column("t_end_ns")).as_py()
+    if s0 < t0 or s1 > t1:
+        b.warn(f"the anchored steps ({iso(s0)} → {iso(s1)}) are not inside the telemetry ({iso(t0)} → {iso(t1)}): "
+               "check --anchor (and --tz)")
+
+
+def import_sources(kind: str, sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                   **options: Any) -> Path:
+    """Import ``sources`` of ``kind`` (or ``auto``) into the run directory ``out``; returns its path."""
+    return build(kind, sources, **options).write(out)
+
+
+def merge(builders: Sequence[RunBuilder]) -> RunBuilder:
+    """Join several imports of one job (e.g. telemetry + step log) into one run."""
+    m = RunBuilder(format="+".join(b.format for b in builders), name=builders[0].name)
+    for b in builders:
+        m.sources += b.sources
+        m.mapped.update({f"{b.format}: {k}": v for k, v in b.mapped.items()})
+        m.dropped += [f"{b.format}: {d}" for d in b.dropped]
+        m.warnings += b.warnings
+        m.devices += b.devices
+        for k, v in b.info.items():
+            m.info.setdefault(k, v)
+        if b.info.get("job_device_count") is not None and m.info.get("job_device_count") is None:
+            # a source that knows the job's device count wins over one that does not
+            m.info["job_device_count"] = b.info["job_device_count"]
+            m.info["job_device_count_source"] = b.info.get("job_device_count_source")
+        m.add_telemetry(b.telemetry())
+        m.add_events(b.events())
+    return m
+
+
+def add_detected_events(b: RunBuilder) -> None:
+    """Run the power-timeline detector (checkpoint dips, stalls, end of activity) when there is no
+    step log; events go on the pseudo-rank ``-1`` and into ``run.json["detected_events"]``."""
+    from powertrain.importers.detect_events import DETECTED_RANK, detect_power_events, summarize
+
+    ev = b.events()
+    if ev.num_rows and "step" in set(ev.column("kind").to_pylist()):
+        b.info["detected_events"] = []
+        b.info["detected_events_note"] = "not run: the import has a step log"
+        return
+    found = detect_power_events(b.telemetry())
+    b.add_events(events_table(found))
+    b.info["detected_events"] = summarize(found)
+    b.info["detected_events_rank"] = DETECTED_RANK
+    b.info["detected_events_method"] = "powertrain.importers.detect_events (summed host power dips)"
+
