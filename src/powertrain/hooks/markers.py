@@ -1,0 +1,138 @@
+"""The process-wide recorder behind ``powertrain.step`` / ``phase`` / ``set_window``: which run
+directory and rank this process's markers go to (:func:`bind` by a ``Monitor`` block, else
+``$POWERTRAIN_RUN_DIR`` and ``$RANK``), and the module-level marker functions."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powertrain.hooks.recorder import Recorder, StepHandle
+
+log = logging.getLogger(__name__)
+
+RUN_DIR_ENV = "POWERTRAIN_RUN_DIR"
+FLUSH_ENV = "POWERTRAIN_EVENTS_FLUSH_S"
+
+_recorder: Recorder | None = None
+
+
+def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = None, *,
+              sync: Callable[[], None] | None = None, flush_s: float | None = None) -> Recorder:
+    """(Re)create the process-wide recorder; defaults come from ``$POWERTRAIN_RUN_DIR``, ``$RANK``
+    and ``$POWERTRAIN_EVENTS_FLUSH_S`` (seconds between crash-safe rewrites, default 1)."""
+    global _recorder
+    if flush_s is None:
+        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
+    if _recorder is not None:
+        _recorder.close()
+    run_dir = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV) or None
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    _recorder = Recorder(run_dir, rank, sync=sync, flush_s=flush_s)
+    if run_dir is None:
+        log.warning("powertrain.hooks: $%s is not set, step markers are not recorded "
+                    "(mark steps inside a `with powertrain.Monitor(out=...)` block, run under `powertrain monitor` "
+                    "or `powertrain run`, or call hooks.configure(run_dir))", RUN_DIR_ENV)
+    return _recorder
+
+
+def sync_device_in_use() -> None:
+    """Wait for the GPU work this process queued, if it uses a GPU through torch (else do nothing).
+
+    Timestamps taken without it would close a step when its kernels are launched, not done. It never
+    imports torch nor creates a GPU context: a CPU-only loop (or one without torch) pays a dict lookup.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # ROCm builds use the torch.cuda API too
+        torch.cuda.synchronize()
+
+
+@dataclass
+class Binding:
+    """What :func:`bind` replaced, so that :func:`unbind` can put it back."""
+
+    recorder: Recorder
+    previous: Recorder | None
+
+
+def bind(run_dir: str | os.PathLike[str], *, rank: int | None = None, warmup_steps: int = 0,
+         sync: Callable[[], None] | None = sync_device_in_use, flush_s: float | None = None) -> Binding:
+    """Send this process's markers to ``run_dir`` until :func:`unbind` (what ``Monitor`` does).
+
+    Steps get automatic windows (the first ``warmup_steps`` ``warmup``, then ``measured``) unless the
+    loop sets one; the events file is opened on the first row only, so a process that marks nothing
+    leaves none. ``rank`` defaults to ``$RANK`` (else 0).
+    """
+    global _recorder
+    if flush_s is None:
+        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    rec = Recorder(run_dir, rank, sync=sync, flush_s=flush_s, warmup_steps=warmup_steps, lazy=True)
+    binding = Binding(rec, _recorder)
+    _recorder = rec
+    return binding
+
+
+def unbind(binding: Binding) -> Path | None:
+    """Close the recorder of ``binding`` (flushing and compacting its events file, returned; ``None``
+    if it wrote nothing) and give the process back the recorder it replaced.
+
+    If something replaced the bound recorder meanwhile (e.g. a trainer callback's
+    :func:`configure`), that one stays in place.
+    """
+    global _recorder
+    path = binding.recorder.close()
+    if _recorder is binding.recorder:
+        previous = binding.previous
+        # a recorder closed meanwhile (nested binds ended out of order) would drop markers silently
+        _recorder = previous if previous is not None and not previous.closed else None
+    return path
+
+
+def get() -> Recorder:
+    """The process-wide recorder, created from the environment on first use."""
+    return _recorder if _recorder is not None else configure()
+
+
+def step(i: int, *, tokens: int | None = None, samples: int | None = None) -> Any:
+    """``with hooks.step(i, tokens=…, samples=…) as s: …`` — one training step (set ``s.loss``)."""
+    return get().step(i, tokens=tokens, samples=samples)
+
+
+def begin_step(i: int, *, tokens: int | None = None, samples: int | None = None) -> StepHandle:
+    return get().begin_step(i, tokens=tokens, samples=samples)
+
+
+def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, **attrs: Any) -> None:
+    get().end_step(loss=loss, mem_peak_bytes=mem_peak_bytes, **attrs)
+
+
+def phase(kind: str, name: str | None = None, *, microbatch: int | None = None, **attrs: Any) -> Any:
+    """``with hooks.phase("forward"): …`` — one interval inside the current step."""
+    return get().phase(kind, name, microbatch=microbatch, **attrs)
+
+
+def set_window(window: str | None) -> None:
+    """``warmup``, ``measured`` or ``None`` (outside the protocol) for the rows that follow."""
+    get().set_window(window)
+
+
+def window(name: str | None) -> AbstractContextManager[None]:
+    """``with hooks.window("warmup"): …`` — rows inside the block get that window; the one before
+    comes back after it."""
+    return get().in_window(name)
+
+
+def close() -> None:
+    if _recorder is not None:
+        _recorder.close()
+
+
+atexit.register(close)
