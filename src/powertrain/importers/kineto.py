@@ -118,16 +118,39 @@ def intersection_length(a: np.ndarray, b: np.ndarray) -> float:
     return total
 
 
+# A GPU activity of a trace: (start µs, end µs, category, kernel name, args).
+_GpuActivity = tuple[float, float, str, str, dict[str, Any]]
+
+
 def analyze_trace(path: Path, data: dict[str, Any]) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
     """``(rank, events, summary)`` of one trace."""
     dist = data.get("distributedInfo") or {}
     m = re.search(r"rank[-_]?(\d+)", path.name)
     rank = int(dist["rank"]) if "rank" in dist else int(m.group(1)) if m else 0
     base_ns = int(data.get("baseTimeNanoseconds") or 0)
-    evs = data["traceEvents"]
+    steps, launches, gpu = _read_events(path, data["traceEvents"])
+    per_step, comm_events = _assign_to_steps(steps, launches, gpu, rank, base_ns)
+    events: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for si, (num, cs, ce) in enumerate(steps):
+        attrs = _step_breakdown(per_step.get(si, {}), cs, ce)
+        rows.append(attrs)
+        events.append({"rank": rank, "kind": "step", "name": f"ProfilerStep#{num}", "step": num,
+                       "t_start_ns": base_ns + round(cs * 1000), "t_end_ns": base_ns + round(ce * 1000),
+                       "attrs": attrs})
+    summary: dict[str, Any] = {"trace": path.name, "world_size": dist.get("world_size"), "steps": len(steps),
+                               "comm_kernels": len(comm_events)}
+    summary.update(_mean_breakdown(rows))
+    return rank, events + comm_events, summary
+
+
+def _read_events(path: Path, evs: list[Any]) -> tuple[list[tuple[int, float, float]], dict[int, float],
+                                                      list[_GpuActivity]]:
+    """The trace's profiler steps ``(N, start, end)`` sorted by start, runtime launches by correlation
+    id, and GPU activities (kernels, memcpy, memset)."""
     steps: list[tuple[int, float, float]] = []
     launches: dict[int, float] = {}
-    gpu: list[tuple[float, float, str, str, dict[str, Any]]] = []
+    gpu: list[_GpuActivity] = []
     for e in evs:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -151,6 +174,14 @@ def analyze_trace(path: Path, data: dict[str, Any]) -> tuple[int, list[dict[str,
         raise SourceFormatError(path, None, "no ProfilerStep#N annotations: profile with torch.profiler.schedule "
                                             "and call prof.step() each iteration")
     steps.sort(key=lambda s: s[1])
+    return steps, launches, gpu
+
+
+def _assign_to_steps(steps: list[tuple[int, float, float]], launches: dict[int, float], gpu: list[_GpuActivity],
+                     rank: int, base_ns: int) -> tuple[dict[int, dict[str, list[tuple[float, float]]]],
+                                                       list[dict[str, Any]]]:
+    """GPU intervals per step (by the step whose CPU window holds the launch) and category, and one
+    ``comm`` event per collective kernel."""
     step_starts = [s[1] for s in steps]
     step_ends = [s[2] for s in steps]
 
@@ -180,37 +211,37 @@ def analyze_trace(path: Path, data: dict[str, Any]) -> tuple[int, list[dict[str,
                                           "group_size": args.get("Group size")}})
         else:
             buckets.setdefault("compute", []).append((ts, te))
-    events: list[dict[str, Any]] = []
-    rows = []
-    for si, (num, cs, ce) in enumerate(steps):
-        b = per_step.get(si, {})
-        u = {k: union(np.asarray(v, dtype=np.float64)) for k, v in b.items()}
-        empty = np.zeros((0, 2))
-        comp, comm, mem = u.get("compute", empty), u.get("comm", empty), u.get("memory", empty)
-        all_gpu = union(np.concatenate([comp, comm, mem])) if (comp.size or comm.size or mem.size) else empty
-        comm_s = length(comm) / 1e6
-        overlap_s = intersection_length(comm, comp) / 1e6
-        gpu_window = (all_gpu[-1, 1] - all_gpu[0, 0]) / 1e6 if all_gpu.size else 0.0
-        attrs = {
-            "cpu_step_s": (ce - cs) / 1e6,
-            "gpu_window_s": gpu_window,
-            "compute_s": length(comp) / 1e6,
-            "comm_s": comm_s,
-            "memory_s": length(mem) / 1e6,
-            "overlapped_comm_s": overlap_s,
-            "exposed_comm_s": comm_s - overlap_s,
-            "overlap_pct": 100.0 * overlap_s / comm_s if comm_s > 0 else None,
-            "idle_s": gpu_window - length(all_gpu) / 1e6 if all_gpu.size else None,
-            "comm_by_collective_s": {k[5:]: length(v) / 1e6 for k, v in u.items() if k.startswith("comm:")},
-            "gpu_kernels": sum(len(v) for k, v in b.items() if not k.startswith("comm:")),
-        }
-        rows.append(attrs)
-        events.append({"rank": rank, "kind": "step", "name": f"ProfilerStep#{num}", "step": num,
-                       "t_start_ns": base_ns + round(cs * 1000), "t_end_ns": base_ns + round(ce * 1000),
-                       "attrs": attrs})
+    return per_step, comm_events
+
+
+def _step_breakdown(b: dict[str, list[tuple[float, float]]], cs: float, ce: float) -> dict[str, Any]:
+    """One step's compute / comm / memory / overlap / idle times (s) from its GPU intervals per category."""
+    u = {k: union(np.asarray(v, dtype=np.float64)) for k, v in b.items()}
+    empty = np.zeros((0, 2))
+    comp, comm, mem = u.get("compute", empty), u.get("comm", empty), u.get("memory", empty)
+    all_gpu = union(np.concatenate([comp, comm, mem])) if (comp.size or comm.size or mem.size) else empty
+    comm_s = length(comm) / 1e6
+    overlap_s = intersection_length(comm, comp) / 1e6
+    gpu_window = (all_gpu[-1, 1] - all_gpu[0, 0]) / 1e6 if all_gpu.size else 0.0
+    return {
+        "cpu_step_s": (ce - cs) / 1e6,
+        "gpu_window_s": gpu_window,
+        "compute_s": length(comp) / 1e6,
+        "comm_s": comm_s,
+        "memory_s": length(mem) / 1e6,
+        "overlapped_comm_s": overlap_s,
+        "exposed_comm_s": comm_s - overlap_s,
+        "overlap_pct": 100.0 * overlap_s / comm_s if comm_s > 0 else None,
+        "idle_s": gpu_window - length(all_gpu) / 1e6 if all_gpu.size else None,
+        "comm_by_collective_s": {k[5:]: length(v) / 1e6 for k, v in u.items() if k.startswith("comm:")},
+        "gpu_kernels": sum(len(v) for k, v in b.items() if not k.startswith("comm:")),
+    }
+
+
+def _mean_breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank means of the step breakdowns, overlap over all steps, comm time per collective."""
     keys = ("cpu_step_s", "compute_s", "comm_s", "memory_s", "overlapped_comm_s", "exposed_comm_s", "idle_s")
-    summary: dict[str, Any] = {"trace": path.name, "world_size": dist.get("world_size"), "steps": len(steps),
-                               "comm_kernels": len(comm_events)}
+    summary: dict[str, Any] = {}
     for k in keys:
         vals = [r[k] for r in rows if r[k] is not None]
         summary[f"mean_{k}"] = float(np.mean(vals)) if vals else None
@@ -221,7 +252,7 @@ def analyze_trace(path: Path, data: dict[str, Any]) -> tuple[int, list[dict[str,
         for c, v in r["comm_by_collective_s"].items():
             colls[c] = colls.get(c, 0.0) + v
     summary["comm_by_collective_s"] = colls
-    return rank, events + comm_events, summary
+    return summary
 
 
 HTA_MISSING = ("Holistic Trace Analysis is not installed: pip install 'powertrain[kineto]' "

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,10 @@ def infer_gpu_count(t_ns: np.ndarray, max_gpus: int = 64) -> int | None:
     return int(vals[np.argmax(counts)])
 
 
+# One column of the log read into telemetry: (cell index, column, parser, unit in the header).
+_Plan = list[tuple[int, str, Callable[[str, str], float], str]]
+
+
 def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: int | None = None) -> None:
     """Parse one nvidia-smi CSV log into ``builder`` as telemetry of ``host``."""
     with open_text(path) as f:
@@ -137,102 +142,134 @@ def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: 
             raise SourceFormatError(path, None, "the file is empty") from None
         names = [split_header(c) for c in header]
         keys = [n for n, _ in names]
-        if not any(k in FIELD_MAP for k in keys):
-            raise SourceFormatError(path, 1, "no known nvidia-smi query field in the header "
-                                             f"({', '.join(keys[:6])}); was it written with --format=csv "
-                                             "and a header (not noheader)?")
-        has_instant = "power.draw.instant" in keys
-        has_enforced = "enforced.power.limit" in keys
-        plan: list[tuple[int, str, Callable[[str, str], float], str]] = []
-        for i, (k, unit) in enumerate(names):
-            if k in FIELD_MAP:
-                col, fn = FIELD_MAP[k]
-                if k == "power.draw" and has_instant:
-                    col = "power_avg_w"
-                if k == "power.limit" and has_enforced:
-                    builder.drop(f"{k}: enforced.power.limit is used for power_limit_w")
-                    continue
-                if any(c == col for _, c, _, _ in plan):
-                    builder.drop(f"{k}: another field already fills {col}")
-                    continue
-                plan.append((i, col, fn, unit))
-                builder.mapped[f"{k}{' [' + unit + ']' if unit else ''}"] = col
-            elif k not in ID_FIELDS and k != "timestamp" and k not in INFO_FIELDS:
-                builder.drop(f"{k}: no telemetry column for it")
+        plan = _column_plan(path, names, builder)
         ts_i = keys.index("timestamp") if "timestamp" in keys else None
         if ts_i is None:
             raise SourceFormatError(path, 1, "no timestamp column: add `timestamp` to --query-gpu")
         id_i = next((keys.index(k) for k in ID_FIELDS if k in keys), None)
-        info_i = {k: keys.index(k) for k in INFO_FIELDS if k in keys}
-        ncol = len(keys)
-        clock = _Clock(tz)
-        t: list[int] = []
-        ids: list[str] = []
-        cols: dict[str, list[float | None]] = {c: [] for _, c, _, _ in plan}
-        infos: dict[str, dict[str, str]] = {}
-        for lineno, row in enumerate(reader, 2):
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) != ncol:
-                if row[0].strip().lower().startswith("timestamp"):
-                    continue  # a repeated header (nvidia-smi restarted into the same file)
-                raise SourceFormatError(path, lineno, f"expected {ncol} comma-separated values like the header, "
-                                                      f"found {len(row)}")
-            try:
-                t.append(clock(row[ts_i]))
-            except ValueError:
-                raise SourceFormatError(path, lineno, f"timestamp {row[ts_i]!r} is not YYYY/MM/DD HH:MM:SS.fff") from None
-            for i, col, fn, unit in plan:
-                cell = row[i].strip()
-                if not cell or cell.strip("[]").lower() in NULL_WORDS:
-                    cols[col].append(None)
-                    continue
-                try:
-                    cols[col].append(fn(cell, unit))
-                except (ValueError, IndexError):
-                    raise SourceFormatError(path, lineno, f"{keys[i]} value {cell!r} is not a number") from None
-            if id_i is not None:
-                ident = row[id_i].strip()
-                ids.append(ident)
-                if ident not in infos:
-                    infos[ident] = {k: row[j].strip() for k, j in info_i.items()}
-    if not t:
+        rows = _read_rows(path, reader, keys, plan, ts_i, id_i, _Clock(tz))
+    if not rows.t:
         raise SourceFormatError(path, None, "no data rows after the header")
-    t_arr = np.asarray(t, dtype=np.int64)
-    if id_i is not None and keys[id_i] == "index":
-        try:
-            dev_idx = [int(x) for x in ids]
-        except ValueError:
-            raise SourceFormatError(path, None, "the index column holds a non-integer") from None
-    elif id_i is not None:
-        order: dict[str, int] = {}
-        dev_idx = [order.setdefault(x, len(order)) for x in ids]
-        builder.mapped[keys[id_i]] = "device gpu<i>, i = order of first appearance"
-    else:
-        n = gpus or infer_gpu_count(t_arr)
-        if n is None:
-            n = 1
-            builder.warn(f"{path}: no index/uuid column and the GPU count could not be inferred; "
-                         "treating every row as GPU 0 (pass --gpus N)")
-        if len(t) % n:
-            builder.warn(f"{path}: {len(t)} rows is not a multiple of {n} GPUs; the last sample is partial")
-        dev_idx = list(np.arange(len(t)) % n)
-        builder.mapped["(row order)"] = f"device gpu<row mod {n}>: no index column, {n} rows per sample"
+    t_arr = np.asarray(rows.t, dtype=np.int64)
+    id_key = keys[id_i] if id_i is not None else None
+    dev_idx = _device_indices(path, id_key, rows.ids, t_arr, gpus, builder)
     devices = [f"gpu{i}" for i in dev_idx]
     fields: dict[str, Any] = {}
-    for col, values in cols.items():
+    for col, values in rows.cols.items():
         arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
         fields[col] = arr
     builder.add_telemetry(telemetry_table(t_arr, host, devices, fields))
-    seen: dict[int, str] = {}
-    for i, ident in zip(dev_idx, ids or [None] * len(dev_idx), strict=True):
+    _add_devices(builder, host, id_key, dev_idx, rows)
+
+
+def _column_plan(path: Path, names: list[tuple[str, str]], builder: RunBuilder) -> _Plan:
+    """Which header fields fill which telemetry column; the rest are recorded as dropped."""
+    keys = [n for n, _ in names]
+    if not any(k in FIELD_MAP for k in keys):
+        raise SourceFormatError(path, 1, "no known nvidia-smi query field in the header "
+                                         f"({', '.join(keys[:6])}); was it written with --format=csv "
+                                         "and a header (not noheader)?")
+    has_instant = "power.draw.instant" in keys
+    has_enforced = "enforced.power.limit" in keys
+    plan: _Plan = []
+    for i, (k, unit) in enumerate(names):
+        if k in FIELD_MAP:
+            col, fn = FIELD_MAP[k]
+            if k == "power.draw" and has_instant:
+                col = "power_avg_w"
+            if k == "power.limit" and has_enforced:
+                builder.drop(f"{k}: enforced.power.limit is used for power_limit_w")
+                continue
+            if any(c == col for _, c, _, _ in plan):
+                builder.drop(f"{k}: another field already fills {col}")
+                continue
+            plan.append((i, col, fn, unit))
+            builder.mapped[f"{k}{' [' + unit + ']' if unit else ''}"] = col
+        elif k not in ID_FIELDS and k != "timestamp" and k not in INFO_FIELDS:
+            builder.drop(f"{k}: no telemetry column for it")
+    return plan
+
+
+@dataclass
+class _Rows:
+    """The data rows of one log: times, device identifiers, column values, static info per device."""
+
+    t: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    cols: dict[str, list[float | None]] = field(default_factory=dict)
+    infos: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _read_rows(path: Path, reader: Iterator[list[str]], keys: list[str], plan: _Plan, ts_i: int,
+               id_i: int | None, clock: _Clock) -> _Rows:
+    info_i = {k: keys.index(k) for k in INFO_FIELDS if k in keys}
+    ncol = len(keys)
+    rows = _Rows(cols={c: [] for _, c, _, _ in plan})
+    for lineno, row in enumerate(reader, 2):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != ncol:
+            if row[0].strip().lower().startswith("timestamp"):
+                continue  # a repeated header (nvidia-smi restarted into the same file)
+            raise SourceFormatError(path, lineno, f"expected {ncol} comma-separated values like the header, "
+                                                  f"found {len(row)}")
+        try:
+            rows.t.append(clock(row[ts_i]))
+        except ValueError:
+            raise SourceFormatError(path, lineno, f"timestamp {row[ts_i]!r} is not YYYY/MM/DD HH:MM:SS.fff") from None
+        for i, col, fn, unit in plan:
+            cell = row[i].strip()
+            if not cell or cell.strip("[]").lower() in NULL_WORDS:
+                rows.cols[col].append(None)
+                continue
+            try:
+                rows.cols[col].append(fn(cell, unit))
+            except (ValueError, IndexError):
+                raise SourceFormatError(path, lineno, f"{keys[i]} value {cell!r} is not a number") from None
+        if id_i is not None:
+            ident = row[id_i].strip()
+            rows.ids.append(ident)
+            if ident not in rows.infos:
+                rows.infos[ident] = {k: row[j].strip() for k, j in info_i.items()}
+    return rows
+
+
+def _device_indices(path: Path, id_key: str | None, ids: list[str], t_arr: np.ndarray, gpus: int | None,
+                    builder: RunBuilder) -> list[int]:
+    """GPU index of every row: the index column, else order of first appearance of the id, else row order."""
+    if id_key == "index":
+        try:
+            return [int(x) for x in ids]
+        except ValueError:
+            raise SourceFormatError(path, None, "the index column holds a non-integer") from None
+    if id_key is not None:
+        order: dict[str, int] = {}
+        dev_idx = [order.setdefault(x, len(order)) for x in ids]
+        builder.mapped[id_key] = "device gpu<i>, i = order of first appearance"
+        return dev_idx
+    n = gpus or infer_gpu_count(t_arr)
+    if n is None:
+        n = 1
+        builder.warn(f"{path}: no index/uuid column and the GPU count could not be inferred; "
+                     "treating every row as GPU 0 (pass --gpus N)")
+    if len(t_arr) % n:
+        builder.warn(f"{path}: {len(t_arr)} rows is not a multiple of {n} GPUs; the last sample is partial")
+    builder.mapped["(row order)"] = f"device gpu<row mod {n}>: no index column, {n} rows per sample"
+    return list(np.arange(len(t_arr)) % n)
+
+
+def _add_devices(builder: RunBuilder, host: str, id_key: str | None, dev_idx: list[int], rows: _Rows) -> None:
+    """One device entry per GPU seen, with what the log says about it (name, uuid or PCI bus id)."""
+    seen: dict[int, str | None] = {}
+    idents: list[str | None] = list(rows.ids) if rows.ids else [None] * len(dev_idx)
+    for i, ident in zip(dev_idx, idents, strict=True):
         seen.setdefault(int(i), ident)
     for i, ident in sorted(seen.items()):
-        info = infos.get(ident, {}) if ident else {}
-        extra = {"index": i, "name": info.get("name") or None}
-        if ident and keys[id_i] in ("uuid", "gpu_uuid"):
+        info = rows.infos.get(ident, {}) if ident else {}
+        extra: dict[str, Any] = {"index": i, "name": info.get("name") or None}
+        if ident and id_key in ("uuid", "gpu_uuid"):
             extra["uuid"] = ident
-        if ident and keys[id_i] in ("pci.bus_id", "gpu_bus_id"):
+        if ident and id_key in ("pci.bus_id", "gpu_bus_id"):
             extra["pci_bus_id"] = ident
         builder.add_device(host, f"gpu{i}", kind="gpu", vendor="nvidia", **extra)
 
