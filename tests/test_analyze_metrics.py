@@ -270,19 +270,6 @@ def test_throttle_names_cover_schema():
     assert all(f"throttle_share_{t.name.lower()}" in METRIC_NAMES for t in Throttle if t.name)
 
 
-@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-70b", "mixtral-8x7b", "mixtral-8x22b", "llama3-tiny"])
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_local_flops_formula_matches_the_predictor(name, recompute):
-    pf = pytest.importorskip("powertrain.predict.flops")
-    from powertrain.analyze import work
-    from powertrain.spec.model import get_model
-
-    m = get_model(name)
-    assert work._model_flops_per_token_local(m) == pytest.approx(pf.model_flops_per_token(m), rel=1e-9)
-    local_hw = work._model_flops_per_token_local(m) + work._recompute_flops_per_token(m, recompute)
-    assert local_hw == pytest.approx(pf.hardware_flops_per_token(m, recompute), rel=1e-9)
-
-
 def test_energy_per_step_is_the_cluster_power_integrated_over_each_step(tmp_path):
     path = synthetic.write_run(tmp_path / "flat", hosts=2, devices_per_host=4, base_w=BASE, amp_w=0.0,
                                steps=4, step_s=1.0)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from powertrain.telemetry.counters import Unwrapper, unwrap, unwrap_array
+from powertrain.core.counters import Unwrapper, unwrap, unwrap_array
 
 
 def test_unwrap_with_modulus_adds_one_modulus_per_drop():

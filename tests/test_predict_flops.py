@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powertrain.predict.flops import (
+from powertrain.core.flops import (
     active_parameters,
     hardware_flops_per_step,
     model_flops_per_step,

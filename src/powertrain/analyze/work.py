@@ -13,9 +13,8 @@ are not FLOPs. **Hardware FLOPs** add what recomputation repeats: ``full`` one m
 blocks (``2·N_layers_active + 4·L·h·s`` per token), ``selective`` the attention core only
 (``4·L·h·s``).
 
-Model FLOPs come from ``powertrain.predict.flops`` when that module is installed (one source of
-truth with the predictor); until then from :func:`_model_flops_per_token_local`, which implements the
-formula above. ``flops_source`` in a summary says which.
+Model and hardware FLOPs come from :mod:`powertrain.core.flops`, the one definition the predictor
+uses too; ``flops_source`` in a summary names it.
 
 **Peak FLOP/s per device** comes from the hardware catalog (``powertrain.hardware``) for the run's
 device type and precision. For CPUs there is no honest data-sheet number for "this container's
@@ -30,57 +29,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from powertrain.spec.model import ModelConfig, get_model
-
-
-def _layer_params_active(m: ModelConfig) -> float:
-    h = m.hidden
-    attn = 2 * h * h + 2 * h * m.kv_heads * m.head_dim
-    if m.family == "gpt":
-        mlp = 2 * h * m.ffn
-    elif m.is_moe:
-        mlp = m.top_k * 3 * h * m.ffn + h * m.experts
-    else:
-        mlp = 3 * h * m.ffn
-    return float(attn + mlp)
-
-
-def _model_flops_per_token_local(m: ModelConfig) -> float:
-    """Training model FLOPs per token (see module docstring)."""
-    n = m.layers * _layer_params_active(m) + m.hidden * m.vocab
-    return 6.0 * n + 12.0 * m.layers * m.hidden * m.seq_len
-
-
-def _recompute_flops_per_token(m: ModelConfig, recompute: str) -> float:
-    attn_core = 4.0 * m.layers * m.hidden * m.seq_len
-    if recompute == "full":
-        return 2.0 * m.layers * _layer_params_active(m) + attn_core
-    if recompute == "selective":
-        return attn_core
-    return 0.0
+from powertrain.core import flops
+from powertrain.spec.model import get_model
 
 
 def model_flops_per_token(model: Any) -> tuple[float, str]:
     """(training FLOPs per token, source) for a model name, dict or ModelConfig."""
-    m = get_model(model)
-    try:
-        from powertrain.predict import flops as pf  # the predictor's definition, when present
-
-        value = float(pf.model_flops_per_token(m))
-        return value, "powertrain.predict.flops.model_flops_per_token"
-    except (ImportError, AttributeError, TypeError):
-        return _model_flops_per_token_local(m), "powertrain.analyze.work._model_flops_per_token_local"
+    # The source label predates the formula's move from powertrain.predict.flops to powertrain.core.flops;
+    # it is kept as written so that summaries stay byte-identical.
+    return float(flops.model_flops_per_token(get_model(model))), "powertrain.predict.flops.model_flops_per_token"
 
 
 def hardware_flops_per_token(model: Any, recompute: str) -> float:
-    """Training FLOPs per token including what recomputation repeats (predictor's definition if present)."""
-    m = get_model(model)
-    try:
-        from powertrain.predict import flops as pf
-
-        return float(pf.hardware_flops_per_token(m, recompute))
-    except (ImportError, AttributeError, TypeError):
-        return _model_flops_per_token_local(m) + _recompute_flops_per_token(m, recompute)
+    """Training FLOPs per token including what recomputation repeats."""
+    return float(flops.hardware_flops_per_token(get_model(model), recompute))
 
 
 def cpu_probe_peak_flops(threads: int | None = None) -> float:

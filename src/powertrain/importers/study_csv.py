@@ -6,7 +6,7 @@ study). The metrics of one rank are joined on their timestamps: one telemetry ro
 timestamp, with null where a metric has no reading at that instant.
 
 Byte counters (NVLink / PCIe) were read from 32-bit registers and wrap at 2**32; they are un-wrapped
-with :func:`powertrain.telemetry.counters.unwrap` into 64-bit cumulative totals. Metric names are
+with :func:`powertrain.core.counters.unwrap` into 64-bit cumulative totals. Metric names are
 matched against :data:`METRICS` (aliases included); files with other names are listed as dropped.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrain.core.counters import unwrap
 from powertrain.importers.common import RunBuilder, SourceFormatError, open_text, telemetry_table
 from powertrain.importers.nvsmi import nvml_reasons_to_throttle
-from powertrain.telemetry.counters import unwrap
 
 WRAP_32 = 2**32
 

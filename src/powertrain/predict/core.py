@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from powertrain.core.flops import model_flops_per_step, recompute_flops_per_token, shape_of
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.flops import model_flops_per_step, recompute_flops_per_token, shape_of
 from powertrain.predict.memory import memory_per_device
 from powertrain.predict.power import clock_factor, device_power
 from powertrain.predict.profile import Profile, load_profile

@@ -37,8 +37,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from powertrain.core.flops import Shape, parameter_counts
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.flops import Shape, parameter_counts
 from powertrain.predict.profile import Coefficients, Profile, load_profile
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
+from powertrain.core.flops import hardware_flops_per_token, model_flops_per_token
 from powertrain.hardware import get_device
 from powertrain.predict.case import Case
-from powertrain.predict.flops import hardware_flops_per_token, model_flops_per_token
 
 CALIBRATION_RUNS = Path(__file__).with_name("data") / "calibration_runs.yaml"
 
@@ -144,7 +144,7 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     )
     # A layout whose 16-bit weights and fp32 gradients alone exceed the device cannot have run
     # unsharded: the framework's FSDP must have been on (a table cell left at 0).
-    from powertrain.predict.flops import parameter_counts
+    from powertrain.core.flops import parameter_counts
 
     if not fsdp and not case.lora:
         pc = parameter_counts(case)

@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from powertrain.core.flops import Shape, layer_flops_per_token, parameter_counts, shape_of
 from powertrain.predict.case import Case
-from powertrain.predict.flops import Shape, layer_flops_per_token, parameter_counts, shape_of
 from powertrain.predict.memory import rank_layers
 from powertrain.predict.profile import Coefficients
 

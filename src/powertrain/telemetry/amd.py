@@ -39,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from powertrain.core.counters import Unwrapper
 from powertrain.schema import TELEMETRY_FIELDS, Throttle, empty_telemetry_row
 from powertrain.telemetry.backend import Backend, BackendUnavailable, DeviceInfo
-from powertrain.telemetry.counters import Unwrapper
 
 _INSTEAD = "AMD GPU power/temperature/clocks not measured — using host counters only"
 _MAX_SENTINELS = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)  # amdsmi's "no value" markers

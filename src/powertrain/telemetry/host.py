@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from powertrain.core.counters import Unwrapper
 from powertrain.schema import empty_telemetry_row
 from powertrain.telemetry.backend import Backend, DeviceInfo
-from powertrain.telemetry.counters import Unwrapper
 
 # hwmon drivers that report the CPU package temperature, in order of preference
 _CPU_HWMON = ("coretemp", "k10temp", "zenpower", "cpu_thermal")

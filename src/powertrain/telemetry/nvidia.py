@@ -20,7 +20,7 @@ its field is absent from the device's ``supported`` list, so its column stays nu
 
 Counters are held as 64-bit cumulative values. A counter NVML returns as a 32-bit value is
 un-wrapped at 2**32; for a 64-bit one a drop can only be a reset (driver reload), and the total
-continues from where it was (:class:`powertrain.telemetry.counters.Unwrapper`).
+continues from where it was (:class:`powertrain.core.counters.Unwrapper`).
 
 Errors never escape: opening fails with :class:`BackendUnavailable` and one line saying what was
 found; a GPU that stops answering mid-run (``GPU is lost`` or every read failing) gets null rows
@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from powertrain.core.counters import Unwrapper
 from powertrain.schema import TELEMETRY_FIELDS, Throttle, empty_telemetry_row
 from powertrain.telemetry.backend import Backend, BackendUnavailable, DeviceInfo
-from powertrain.telemetry.counters import Unwrapper
 
 _INSTEAD = "GPU power/temperature/clocks not measured — using host counters only"
 
