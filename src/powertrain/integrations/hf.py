@@ -27,7 +27,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("powertrain.integrations.hf needs transformers: pip install 'powertrain[hf]'") from exc
 
-from powertrain.integrations import RankAttachment, device_sync
+from powertrain.integrations.attach import RankAttachment, device_sync
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
 
 

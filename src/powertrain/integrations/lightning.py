@@ -25,7 +25,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("powertrain.integrations.lightning needs lightning: pip install 'powertrain[lightning]'") from exc
 
-from powertrain.integrations import RankAttachment, device_sync
+from powertrain.integrations.attach import RankAttachment, device_sync
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
 
 
