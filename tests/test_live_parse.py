@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from powertrain.importers.framework_logs import parse_step_line
+from powertrain.core.engine_logs import parse_step_line
 from powertrain.live.parse import LiveStepParser
 from powertrain.store import read_events
 

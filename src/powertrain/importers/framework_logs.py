@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from powertrain.core.engine_logs import ANSI, RANK_PREFIX, TITAN_FIELDS, TITAN_TIME, number, parse_step_line
 from powertrain.importers.common import (
     ANCHOR_HELP,
     RunBuilder,
@@ -47,23 +48,9 @@ from powertrain.importers.common import (
     set_job_devices,
 )
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RANK = re.compile(r"^\s*\[rank(\d+)\]:\s?")
 _MEG_TS = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,6}))?\]")
 _MEG_WORLD = re.compile(r"(?:using world size:|^\s*world_size\s*\.+)\s*(\d+)")
 _TITAN_BATCH = re.compile(r"global batch size (\d+),.*?sequence length (\d+)")
-_TITAN_TS = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
-_TITAN_FIELDS = re.compile(
-    r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>[-+0-9.eEnaNif]+)"
-    r"(?:.*?memory:\s*(?P<mem>[0-9.]+)\s*GiB)?"
-    r"(?:.*?tps:\s*(?P<tps>[0-9,]+))?"
-    r"(?:.*?tflops:\s*(?P<tflops>[0-9,.]+))?"
-    r"(?:.*?mfu:\s*(?P<mfu>[0-9.]+)%)?"
-)
-_NEMO_STEP = re.compile(r"global_step=([0-9.]+)")
-_NEMO_TIMING = re.compile(r"train_step_timing in s=([0-9.eE+-]+)")
-_NEMO_LOSS = re.compile(r"reduced_train_loss=([0-9.eE+-]+)")
-_NEMO_SAMPLES = re.compile(r"consumed_samples=([0-9.eE+-]+)")
 
 
 def sniff(path: Path) -> str | None:
@@ -76,7 +63,7 @@ def sniff(path: Path) -> str | None:
         return "megatron"
     if "train_step_timing in s" in head:
         return "nemo"
-    if re.search(r"step:\s*\d+\s+loss:", _ANSI.sub("", head)):
+    if re.search(r"step:\s*\d+\s+loss:", ANSI.sub("", head)):
         return "torchtitan"
     return None
 
@@ -109,8 +96,8 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
                 if "world size" in raw or "world_size" in raw:
                     _world_size(raw, b)
                 continue
-            line = _ANSI.sub("", raw)
-            rank = int(m.group(1)) if (m := _RANK.match(line)) else 0
+            line = ANSI.sub("", raw)
+            rank = int(m.group(1)) if (m := RANK_PREFIX.match(line)) else 0
             fields: dict[str, str] = {}
             for part in line.split("|"):
                 if "iteration" in part and "/" in part and "elapsed" not in part:
@@ -139,11 +126,11 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
             else:
                 t_rel += dur
                 t_end = t_rel
-            gbs = _num(fields.get("global batch size"))
-            loss = _num(fields.get("lm loss"))
-            attrs = {"step_time_s": ms / 1000.0, "tflops_per_gpu": _num(fields.get("throughput per gpu (tflop/s/gpu)")),
-                     "learning_rate": _num(fields.get("learning rate")), "grad_norm": _num(fields.get("grad norm")),
-                     "consumed_samples": _num(fields.get("consumed samples")), "source_line": lineno}
+            gbs = number(fields.get("global batch size"))
+            loss = number(fields.get("lm loss"))
+            attrs = {"step_time_s": ms / 1000.0, "tflops_per_gpu": number(fields.get("throughput per gpu (tflop/s/gpu)")),
+                     "learning_rate": number(fields.get("learning rate")), "grad_norm": number(fields.get("grad norm")),
+                     "consumed_samples": number(fields.get("consumed samples")), "source_line": lineno}
             samples = int(gbs * k) if gbs else None
             events.append(_interval_event(rank, it, k, t_end, dur, loss=loss, samples=samples,
                                           tokens=samples * seq_len if samples and seq_len else None,
@@ -162,7 +149,7 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
 
 def _world_size(line: str, b: RunBuilder) -> None:
     """Megatron's ``using world size: N, …`` / ``world_size …… N`` argument dump: the job's device count."""
-    m = _MEG_WORLD.search(_ANSI.sub("", line))
+    m = _MEG_WORLD.search(ANSI.sub("", line))
     if m and "job_device_count" not in b.info:
         set_job_devices(b, int(m.group(1)), "Megatron log: world size (one rank per device)")
 
@@ -173,7 +160,7 @@ def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | No
     tokens_per_step: int | None = None
     with open_text(path) as f:
         for lineno, raw in enumerate(f, 1):
-            if "global batch size" in raw and (mb := _TITAN_BATCH.search(_ANSI.sub("", raw))):
+            if "global batch size" in raw and (mb := _TITAN_BATCH.search(ANSI.sub("", raw))):
                 # the trainer's start line states the job's batch: tokens of one step, all ranks together
                 gbs, log_seq = int(mb.group(1)), int(mb.group(2))
                 if seq_len is not None and seq_len != log_seq:
@@ -184,15 +171,15 @@ def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | No
                 continue
             if "step:" not in raw or "loss:" not in raw:
                 continue
-            line = _ANSI.sub("", raw)
-            m = _TITAN_FIELDS.search(line)
+            line = ANSI.sub("", raw)
+            m = TITAN_FIELDS.search(line)
             if not m:
                 continue
-            ts = _TITAN_TS.search(line)
+            ts = TITAN_TIME.search(line)
             if not ts:
                 raise SourceFormatError(path, lineno, "torchtitan step line without a timestamp "
                                                       "(expected '[titan] YYYY-MM-DD HH:MM:SS,mmm - ...')")
-            rank = int(r.group(1)) if (r := _RANK.match(line)) else 0
+            rank = int(r.group(1)) if (r := RANK_PREFIX.match(line)) else 0
             t = _ts(ts.group(1), tz, ts.group(2))
             step = int(m.group("step"))
             if prev is None:
@@ -202,10 +189,10 @@ def parse_torchtitan(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | No
             k = step - prev[0]
             if k <= 0:
                 raise SourceFormatError(path, lineno, f"step {step} does not follow step {prev[0]}")
-            mem = _num(m.group("mem"))
-            attrs = {"tps_per_gpu": _num(m.group("tps")), "tflops_per_gpu": _num(m.group("tflops")),
-                     "mfu_pct": _num(m.group("mfu")), "source_line": lineno}
-            events.append(_interval_event(rank, step, k, t, t - prev[1], loss=_num(m.group("loss")),
+            mem = number(m.group("mem"))
+            attrs = {"tps_per_gpu": number(m.group("tps")), "tflops_per_gpu": number(m.group("tflops")),
+                     "mfu_pct": number(m.group("mfu")), "source_line": lineno}
+            events.append(_interval_event(rank, step, k, t, t - prev[1], loss=number(m.group("loss")),
                                           mem_peak_bytes=int(mem * (1 << 30)) if mem is not None else None,
                                           tokens=tokens_per_step * k if tokens_per_step else None,
                                           attrs={a: v for a, v in attrs.items() if v is not None}))
@@ -280,15 +267,6 @@ def _anchored(b: RunBuilder, path: Path, anchor_ns: int | None) -> None:
                              f"--anchor {iso(anchor_ns)} (the first step's start)")
 
 
-def _num(v: str | None) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float(v.replace(",", ""))
-    except ValueError:
-        return None
-
-
 def import_framework_log(
     paths: Sequence[str | Path],
     tz: str | None = None,
@@ -345,77 +323,3 @@ def import_framework_log(
     b.info["engines"] = engines
     b.add_events(events_table(events))
     return b
-
-
-# -- one line at a time (live parsing: ``powertrain monitor --parse ENGINE``) ---------------------
-ENGINES = ("megatron", "torchtitan", "nemo")
-_NEMO2_FIELD = re.compile(r"\|\s*([A-Za-z_ ]+?(?: in s)?):\s*([-+0-9.eE]+|nan|inf)\s*(?=\||$)")
-
-
-def parse_step_line(engine: str, line: str) -> dict[str, Any] | None:
-    """One printed line of ``engine``'s training log → its step fields, or ``None`` if it is no step line.
-
-    Keys (absent when the line does not carry them): ``step`` (the iteration / global step the line
-    ends), ``step_time_s`` (seconds per step as the engine reports it: Megatron's average over the
-    line's interval, NeMo's ``train_step_timing``; torchtitan reports none), ``log_time`` (the line's
-    own wall-clock stamp, ``YYYY-MM-DD HH:MM:SS[.ffffff]`` text), ``loss``, ``global_batch_size``,
-    ``consumed_samples``, ``tps_per_gpu``, ``tflops_per_gpu``, ``mfu_pct``, ``mem_gib``, ``rank``
-    (from a ``[rankN]:`` prefix). Same field rules as the file importers above; NeMo lines are read
-    in both the NeMo 1 progress-bar form (``global_step=49.0, … train_step_timing in s=2.54``) and
-    the NeMo 2 ``Training epoch 0, iteration 1/99 | … | global_step: 1 | … | train_step_timing in
-    s: 2.008`` form.
-    """
-    line = _ANSI.sub("", line)
-    out: dict[str, Any] = {}
-    if (r := _RANK.match(line)) is not None:
-        out["rank"] = int(r.group(1))
-    if engine == "megatron":
-        if "elapsed time per iteration (ms)" not in line:
-            return None
-        ts = re.search(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\]", line)
-        fields: dict[str, str] = {}
-        for part in line.split("|"):
-            if "elapsed" not in part and (m_it := re.search(r"iteration\s+(\d+)\s*/\s*(\d+)", part)):
-                fields["iteration"] = m_it.group(1)
-            elif ":" in part:
-                k, _, v = part.rpartition(":")
-                fields[k.strip().lower()] = v.strip().split("/")[0]
-        step, ms = _num(fields.get("iteration")), _num(fields.get("elapsed time per iteration (ms)"))
-        if step is None or ms is None:
-            return None
-        out.update(step=int(step), step_time_s=ms / 1000.0, log_time=ts.group(1) if ts else None,
-                   loss=_num(fields.get("lm loss")), global_batch_size=_num(fields.get("global batch size")),
-                   consumed_samples=_num(fields.get("consumed samples")),
-                   tflops_per_gpu=_num(fields.get("throughput per gpu (tflop/s/gpu)")))
-    elif engine == "torchtitan":
-        if "step:" not in line or "loss:" not in line:
-            return None
-        m = _TITAN_FIELDS.search(line)
-        if m is None:
-            return None
-        ts = _TITAN_TS.search(line)
-        out.update(step=int(m.group("step")), loss=_num(m.group("loss")), mem_gib=_num(m.group("mem")),
-                   tps_per_gpu=_num(m.group("tps")), tflops_per_gpu=_num(m.group("tflops")),
-                   mfu_pct=_num(m.group("mfu")),
-                   log_time=f"{ts.group(1)}.{ts.group(2) or '0'}" if ts else None)
-    elif engine == "nemo":
-        if "train_step_timing in s" not in line:
-            return None
-        ms, mt = _NEMO_STEP.search(line), _NEMO_TIMING.search(line)
-        if ms and mt:  # NeMo 1 progress bar
-            loss, samples = _NEMO_LOSS.search(line), _NEMO_SAMPLES.search(line)
-            out.update(step=int(float(ms.group(1))), step_time_s=float(mt.group(1)),
-                       loss=float(loss.group(1)) if loss else None,
-                       consumed_samples=float(samples.group(1)) if samples else None)
-        else:  # NeMo 2 ProgressPrinter: "| key: value |" pairs
-            kv = {k.strip(): v for k, v in _NEMO2_FIELD.findall(line + "|")}
-            step, dur = _num(kv.get("global_step")), _num(kv.get("train_step_timing in s"))
-            if step is None or dur is None:
-                return None
-            out.update(step=int(step), step_time_s=dur, loss=_num(kv.get("reduced_train_loss")),
-                       global_batch_size=_num(kv.get("global_batch_size")),
-                       consumed_samples=_num(kv.get("consumed_samples")),
-                       tps_per_gpu=_num(kv.get("tokens_per_sec_per_gpu")))
-    else:
-        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    return {k: v for k, v in out.items() if v is not None}

@@ -4,7 +4,7 @@ Engines that cannot be edited (Megatron-LM, torchtitan, NeMo) already print one 
 step. :class:`LiveStepParser` reads the command's output as it streams past, turns each step line
 into an ``events`` row (:data:`powertrain.schema.EVENTS_SCHEMA`) and streams it to
 ``<run>/events/rank-<r>.parquet``. The line fields are read by
-:func:`powertrain.importers.framework_logs.parse_step_line`, the same rules as ``powertrain import``.
+:func:`powertrain.core.engine_logs.parse_step_line`, the same rules as ``powertrain import``.
 
 Timing rules (why each is the honest choice):
 
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from powertrain.core.engine_logs import ENGINES, parse_step_line
 from powertrain.hooks import Recorder
-from powertrain.importers.framework_logs import ENGINES, parse_step_line
 
 _STAMP_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
 
