@@ -11,11 +11,12 @@ import time
 import pynvml
 import pytest
 
+from powertrain.core.throttle import throttle_from_nvml
 from powertrain.schema import TELEMETRY_FIELDS, Throttle
 from powertrain.store import read_telemetry
 from powertrain.telemetry.backend import BackendUnavailable
 from powertrain.telemetry.discover import open_backends
-from powertrain.telemetry.nvidia import NvidiaBackend, throttle_from_nvml
+from powertrain.telemetry.nvidia import NvidiaBackend
 from powertrain.telemetry.sampler import Sampler
 from standins import fake_nvml
 from standins.fake_nvml import FakeGpu, FakeNvml

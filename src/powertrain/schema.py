@@ -12,37 +12,11 @@ once. Rules that hold for every column:
 
 from __future__ import annotations
 
-import enum
-
 import pyarrow as pa
 
+from powertrain.core.throttle import Throttle as Throttle  # re-exported: the throttle column's bit set
+
 SCHEMA_VERSION = 1
-
-
-class Throttle(enum.IntFlag):
-    """Vendor-neutral reasons a device runs below its maximum clock (a bit set per sample).
-
-    Vendor backends map their own reason masks onto these bits; ``OTHER`` collects reasons that have
-    no neutral equivalent, so no set vendor bit is ever silently dropped.
-    """
-
-    POWER_CAP = 1 << 0  # software power capping (NVIDIA SW power cap, AMD PPT)
-    THERMAL_SW = 1 << 1  # software thermal slowdown (driver lowers clocks near the limit)
-    THERMAL_HW = 1 << 2  # hardware thermal slowdown (PROCHOT-like)
-    HW_SLOWDOWN = 1 << 3  # generic hardware slowdown (external signal, VR fault)
-    POWER_BRAKE = 1 << 4  # external power brake asserted
-    IDLE = 1 << 5  # nothing to do: clocks parked, not a performance limit
-    APP_CLOCKS = 1 << 6  # clocks pinned by application / user setting
-    SYNC_BOOST = 1 << 7  # held back to stay in sync with other devices
-    CURRENT = 1 << 8  # electrical current (EDC/TDC) limit
-    OTHER = 1 << 15  # a vendor reason without a neutral equivalent
-
-    @classmethod
-    def names_of(cls, mask: int | None) -> list[str]:
-        """Lower-case names of the bits set in ``mask`` (``[]`` for 0, ``None`` stays unknown)."""
-        if mask is None:
-            return []
-        return [m.name.lower() for m in cls if m.value & mask and m.name]
 
 
 # Per-sample measured fields, in schema order. Host and GPU rows share one table; a field a device

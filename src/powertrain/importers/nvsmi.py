@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from powertrain.core.throttle import throttle_from_nvml
 from powertrain.importers.common import (
     NULL_WORDS,
     RunBuilder,
@@ -33,7 +34,6 @@ from powertrain.importers.common import (
     resolve_zone,
     telemetry_table,
 )
-from powertrain.telemetry.nvidia import throttle_from_nvml
 
 # One mapping of NVML reason bits for live sampling and imports alike.
 nvml_reasons_to_throttle = throttle_from_nvml

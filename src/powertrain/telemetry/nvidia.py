@@ -36,23 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powertrain.core.counters import Unwrapper
-from powertrain.schema import TELEMETRY_FIELDS, Throttle, empty_telemetry_row
+from powertrain.core.throttle import throttle_from_nvml
+from powertrain.schema import TELEMETRY_FIELDS, empty_telemetry_row
 from powertrain.telemetry.backend import Backend, BackendUnavailable, DeviceInfo
 
 _INSTEAD = "GPU power/temperature/clocks not measured — using host counters only"
-
-# NVML clock-event (a.k.a. clocks-throttle) reason bits → vendor-neutral bits. Set bits not listed
-# here (display clock setting, board limit, reliability, and any future reason) become OTHER.
-_NVML_REASONS: dict[int, Throttle] = {
-    0x001: Throttle.IDLE,  # GpuIdle
-    0x002: Throttle.APP_CLOCKS,  # ApplicationsClocksSetting
-    0x004: Throttle.POWER_CAP,  # SwPowerCap
-    0x008: Throttle.HW_SLOWDOWN,  # HwSlowdown
-    0x010: Throttle.SYNC_BOOST,  # SyncBoost
-    0x020: Throttle.THERMAL_SW,  # SwThermalSlowdown
-    0x040: Throttle.THERMAL_HW,  # HwThermalSlowdown
-    0x080: Throttle.POWER_BRAKE,  # HwPowerBrakeSlowdown
-}
 
 # NVML field value types → the member of the c_nvmlValue_t union that holds the value, and the
 # modulus at which such a counter wraps (None: 64-bit, a drop is a reset, not a wrap).
@@ -65,19 +53,6 @@ _VALUE_MEMBER: dict[int, tuple[str, int | None]] = {
     5: ("siVal", None),  # NVML_VALUE_TYPE_SIGNED_INT
     6: ("usVal", 2**16),  # NVML_VALUE_TYPE_UNSIGNED_SHORT
 }
-
-
-def throttle_from_nvml(mask: int) -> int:
-    """Map an NVML clock-event reason mask onto :class:`~powertrain.schema.Throttle` bits."""
-    out = Throttle(0)
-    rest = int(mask)
-    for bit, neutral in _NVML_REASONS.items():
-        if rest & bit:
-            out |= neutral
-            rest &= ~bit
-    if rest:
-        out |= Throttle.OTHER
-    return int(out)
 
 
 @dataclass(frozen=True)
