@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,20 +160,37 @@ def read_node_power(path: Path, builder: RunBuilder) -> tuple[str, np.ndarray, n
 
 def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Events (rank 0) and run facts from a result log (first rank prefix that logs run_start)."""
-    recs = [(ln, pre, r) for ln, pre, r in iter_mllog(path)]
+    recs = _first_rank_records(path)
+    facts: dict[str, Any] = {}
+    for _, r in recs:
+        if r.get("event_type") == "POINT_IN_TIME" and r["key"] not in ("tracked_stats", "eval_accuracy", "cache_clear"):
+            facts.setdefault(r["key"], r.get("value"))
+    events, run_start, run_stop, status = _run_phases(path, recs, builder)
+    steps = _StepCounter(_number(facts.get("max_sequence_length")), _number(facts.get("global_batch_size")))
+    events += _timeline_events(path, recs, run_start, run_stop, steps)
+    facts.update(run_start_ms=run_start, run_stop_ms=run_stop, status=status, result_log=str(path),
+                 train_steps=steps.n_step)
+    facts["facts"] = {k: v for k, v in facts.items() if isinstance(v, int | float | str) and len(str(v)) < 200}
+    return events, facts
+
+
+def _first_rank_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of the first rank prefix that logs ``run_start`` (the other ranks
+    repeat rank 0's records)."""
+    recs = list(iter_mllog(path))
     if not recs:
         raise SourceFormatError(path, None, f"no {MARK} lines found (is this an MLPerf result log?)")
     starters = [pre for _, pre, r in recs if r["key"] == "run_start"]
     if not starters:
         raise SourceFormatError(path, None, "no run_start record: the log ends before training started")
     prefix = starters[0]
-    recs = [(ln, r) for ln, pre, r in recs if pre == prefix]
-    facts: dict[str, Any] = {}
-    for _, r in recs:
-        if r.get("event_type") == "POINT_IN_TIME" and r["key"] not in ("tracked_stats", "eval_accuracy", "cache_clear"):
-            facts.setdefault(r["key"], r.get("value"))
-    seq = _number(facts.get("max_sequence_length"))
-    gbs = _number(facts.get("global_batch_size"))
+    return [(ln, r) for ln, pre, r in recs if pre == prefix]
+
+
+def _run_phases(path: Path, recs: list[tuple[int, dict[str, Any]]],
+                builder: RunBuilder) -> tuple[list[dict[str, Any]], Any, Any, Any]:
+    """The ``run`` phase (run_start → run_stop, or the last record) and the ``init`` phase when logged;
+    also returns run_start, run_stop (ms, as logged) and the run's status."""
     events: list[dict[str, Any]] = []
     run_start = next(r["time_ms"] for _, r in recs if r["key"] == "run_start")
     run_stop = next((r["time_ms"] for _, r in recs if r["key"] == "run_stop"), None)
@@ -180,19 +198,53 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
     if run_stop is None:
         builder.warn(f"{path}: no run_stop record (the run did not finish); the run window ends at the last record")
         run_stop = recs[-1][1]["time_ms"]
-    ms = 1_000_000
-    events.append({"rank": 0, "kind": "phase", "name": "run", "t_start_ns": run_start * ms,
-                   "t_end_ns": run_stop * ms, "attrs": {"status": status, "source": "run_start/run_stop"}})
+    events.append({"rank": 0, "kind": "phase", "name": "run", "t_start_ns": run_start * _MS,
+                   "t_end_ns": run_stop * _MS, "attrs": {"status": status, "source": "run_start/run_stop"}})
     init_start = next((r["time_ms"] for _, r in recs if r["key"] == "init_start"), None)
     init_stop = next((r["time_ms"] for _, r in recs if r["key"] == "init_stop"), None)
     if init_start is not None and init_stop is not None:
-        events.append({"rank": 0, "kind": "phase", "name": "init", "t_start_ns": init_start * ms,
-                       "t_end_ns": init_stop * ms, "attrs": {"source": "init_start/init_stop"}})
+        events.append({"rank": 0, "kind": "phase", "name": "init", "t_start_ns": init_start * _MS,
+                       "t_end_ns": init_stop * _MS, "attrs": {"source": "init_start/init_stop"}})
+    return events, run_start, run_stop, status
+
+
+_MS = 1_000_000  # ns per ms
+
+
+@dataclass
+class _StepCounter:
+    """Step numbers and tokens of ``tracked_stats`` records, whose ``metadata.step`` is cumulative
+    (tokens = sequence length × global batch × step, or samples)."""
+
+    seq: float | None
+    gbs: float | None
+    prev_cum: float | None = None
+    n_step: int = 0
+
+    def advance(self, cum: float | None) -> tuple[int, float | None]:
+        """``(step, tokens of this step or None)`` of the next timed record."""
+        self.n_step += 1
+        per_step = cum - self.prev_cum if cum is not None and self.prev_cum is not None else None
+        tokens_per_step = self.seq * self.gbs if self.seq and self.gbs else None
+        if cum is not None and tokens_per_step is not None and cum % tokens_per_step == 0:
+            if per_step is None:
+                per_step = tokens_per_step
+            step = int(cum // tokens_per_step)
+        else:
+            step = self.n_step
+        self.prev_cum = cum
+        return step, per_step
+
+
+def _timeline_events(path: Path, recs: list[tuple[int, dict[str, Any]]], run_start: Any, run_stop: Any,
+                     steps: _StepCounter) -> list[dict[str, Any]]:
+    """``eval`` events, ``step`` events of ``train_step_timing`` records and ``train_block`` phases of
+    ``throughput`` records, in log order."""
+    events: list[dict[str, Any]] = []
     eval_open: tuple[int, dict[str, Any]] | None = None
     last_point = run_start
     last_samples: float | None = None
-    prev_cum: float | None = None
-    n_step = 0
+    seq, gbs = steps.seq, steps.gbs
     for lineno, r in recs:
         key, tms, md = r["key"], r["time_ms"], r.get("metadata") or {}
         md = md if isinstance(md, dict) else {}
@@ -201,8 +253,8 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
         elif key == "eval_accuracy" and eval_open is not None:
             eval_open[1]["eval_accuracy"] = _number(r.get("value"))
         elif key == "eval_stop" and eval_open is not None:
-            events.append({"rank": 0, "kind": "eval", "name": "eval", "t_start_ns": eval_open[0] * ms,
-                           "t_end_ns": tms * ms, "attrs": eval_open[1]})
+            events.append({"rank": 0, "kind": "eval", "name": "eval", "t_start_ns": eval_open[0] * _MS,
+                           "t_end_ns": tms * _MS, "attrs": eval_open[1]})
             eval_open = None
         elif key == "tracked_stats":
             value = r.get("value")
@@ -211,15 +263,10 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
             timing = _number(value.get("train_step_timing in s"))
             cum = _number(md.get("step"))
             if timing is not None:
-                n_step += 1
-                per_step = cum - prev_cum if cum is not None and prev_cum is not None else None
-                if per_step is None and cum is not None and seq and gbs and cum % (seq * gbs) == 0:
-                    per_step = seq * gbs
-                step = int(cum // (seq * gbs)) if cum is not None and seq and gbs and cum % (seq * gbs) == 0 else n_step
-                prev_cum = cum
+                step, per_step = steps.advance(cum)
                 events.append({
                     "rank": 0, "kind": "step", "name": "train_step", "step": step,
-                    "t_start_ns": round((tms - timing * 1000.0) * ms), "t_end_ns": tms * ms,
+                    "t_start_ns": round((tms - timing * 1000.0) * _MS), "t_end_ns": tms * _MS,
                     "window": None,  # set by mark_window; steps outside run_start → run_stop stay null
                     "tokens": int(per_step) if per_step is not None and seq else None,
                     "samples": int(gbs) if gbs else None,
@@ -232,17 +279,14 @@ def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any
             elif "throughput" in value:
                 samples = cum
                 events.append({
-                    "rank": 0, "kind": "phase", "name": "train_block", "t_start_ns": last_point * ms,
-                    "t_end_ns": tms * ms,
+                    "rank": 0, "kind": "phase", "name": "train_block", "t_start_ns": last_point * _MS,
+                    "t_end_ns": tms * _MS,
                     "samples": int(samples - last_samples) if samples is not None and last_samples is not None else None,
                     "attrs": {"throughput": _number(value["throughput"]), "mlperf_step": cum, "source_line": lineno},
                 })
                 last_samples = samples
             last_point = tms
-    facts.update(run_start_ms=run_start, run_stop_ms=run_stop, status=status, result_log=str(path),
-                 train_steps=n_step)
-    facts["facts"] = {k: v for k, v in facts.items() if isinstance(v, int | float | str) and len(str(v)) < 200}
-    return events, facts
+    return events
 
 
 def read_total(path: Path) -> float | None:
