@@ -1,0 +1,139 @@
+"""What every metric family reads, and what each returns.
+
+Which devices count: the run's accelerators (every device whose kind is not ``cpu``) when it has
+any; otherwise its host devices (``cpu`` rows), which is what a CPU-only run measures.
+
+The measurement window is the measured steps' window; without measured step events, the whole
+telemetry span (with a note saying so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from powertrain.analyze import steps, telemetry
+from powertrain.store.rundir import RunDir
+from powertrain.store.tables import read_events
+
+DeviceKey = tuple[str | None, str | None]
+
+
+@dataclass
+class Family:
+    """One metric family's result: its metrics, why each null one is null (in the order the reasons
+    were found), and notes for the summary."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    why_null: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunContext:
+    """One run opened for analysis: its ``run.json``, events, measured steps, measurement window and
+    per-device statistics in the window (``dev_stats``, one dict per device, see
+    :func:`powertrain.analyze.telemetry.device_stats`). Holds a DuckDB connection: :meth:`close` it."""
+
+    run: RunDir
+    info: dict[str, Any]
+    events: pa.Table
+    sd: steps.StepData | None
+    con: duckdb.DuckDBPyConnection
+    w0: int
+    w1: int
+    window_source: str
+    dev_stats: list[dict[str, Any]]
+    kinds: dict[DeviceKey, dict[str, Any]]
+    counted: list[dict[str, Any]]  # the devices the run-level metrics cover
+    accel: bool  # whether those are accelerators (else host devices)
+    no_tel: str | None  # the reason for every telemetry metric when there is no telemetry in the window
+    notes: list[str]
+
+    @property
+    def config(self) -> Any:
+        return self.info.get("config")
+
+    @property
+    def rank_map(self) -> list[dict[str, Any]]:
+        return self.info.get("rank_map") or []
+
+    @property
+    def window_s(self) -> float:
+        return (self.w1 - self.w0) / 1e9
+
+    @property
+    def n_dev(self) -> int:
+        return len(self.counted)
+
+    @property
+    def tokens(self) -> float | None:
+        """Tokens of all measured steps; None when any step's count is unknown."""
+        sd = self.sd
+        return float(np.sum(sd.tokens)) if sd is not None and not np.isnan(sd.tokens).any() else None
+
+    @property
+    def rank_dev(self) -> dict[int, DeviceKey]:
+        """Rank → (host, device) from the rank map."""
+        return {int(e["rank"]): (e.get("host"), e.get("device")) for e in self.rank_map if "rank" in e}
+
+    @property
+    def coords(self) -> dict[int, dict[str, Any]]:
+        """Rank → its parallel coordinates (dp, tp, pp, cp, ep) from the rank map."""
+        return {int(e["rank"]): (e.get("coords") or {}) for e in self.rank_map if "rank" in e}
+
+    def kind_of(self, s: dict[str, Any]) -> str:
+        """A device's kind as ``run.json`` lists it; else ``cpu`` for ``cpu*`` names, else accelerator."""
+        d = self.kinds.get((s["host"], s["device"]))
+        if d and d.get("kind"):
+            return str(d["kind"])
+        return "cpu" if s["device"].startswith("cpu") else "accelerator"
+
+    def have(self, field: str) -> list[dict[str, Any]]:
+        """The counted devices with samples of ``field`` in the window."""
+        return [s for s in self.counted if s.get(f"{field}_n")]
+
+    def close(self) -> None:
+        telemetry.release(self.con)
+        self.con.close()
+
+
+def _device_kind(info: dict[str, Any]) -> dict[DeviceKey, dict[str, Any]]:
+    return {(d.get("host"), d.get("device")): d for d in info.get("devices", []) or []}
+
+
+def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
+    """Read a run's events and find its measured steps and window; open its telemetry in DuckDB and
+    compute the per-device statistics in the window."""
+    events = read_events(run.path)
+    sd = steps.measured_steps(events, info.get("rank_map") or [], info.get("warmup_steps"))
+    notes: list[str] = []
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    n_rows = telemetry.open_telemetry(con, run.path)
+    tspan = telemetry.span(con)
+    if sd is not None:
+        w0, w1 = sd.window
+        window_source = "measured steps"
+    elif tspan is not None:
+        w0, w1 = tspan
+        window_source = "whole telemetry span (no measured step events)"
+        notes.append("no measured step events: telemetry metrics cover the whole run")
+    else:
+        w0 = w1 = 0
+        window_source = "none"
+    dev_stats = telemetry.device_stats(con, w0, w1) if n_rows and w1 > w0 else []
+    for s in dev_stats:  # time-weighted mean (integral / time covered): unbiased by uneven sampling
+        if s.get("power_w_integral") is not None and s.get("power_w_integral_s"):
+            s["power_w_mean"] = s["power_w_integral"] / s["power_w_integral_s"]
+    ctx = RunContext(run=run, info=info, events=events, sd=sd, con=con, w0=w0, w1=w1, window_source=window_source,
+                     dev_stats=dev_stats, kinds=_device_kind(info), counted=[], accel=False,
+                     no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes)
+    accel = [s for s in dev_stats if ctx.kind_of(s) != "cpu"]
+    ctx.counted = accel or dev_stats
+    ctx.accel = bool(accel)
+    return ctx

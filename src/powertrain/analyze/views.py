@@ -1,0 +1,204 @@
+"""The per-device, per-node, per-step, per-rank, per-stage and per-expert-rank views of a run's
+``summary.json``, and its data-quality panel.
+
+Host rows of a GPU run are listed under ``per_device`` but do not enter the accelerator metrics.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from powertrain.analyze import signal, steps
+from powertrain.analyze.families.context import DeviceKey, RunContext
+from powertrain.analyze.families.power import PowerFamily
+from powertrain.analyze.metrics import THROTTLE_REASONS
+
+# Above this many in-window power samples, per-device spectra are skipped (the run-level oscillation
+# still comes from the device-mean signal).
+PER_DEVICE_SPECTRUM_MAX_ROWS = 2_000_000
+
+
+def per_device(ctx: RunContext) -> list[dict[str, Any]]:
+    """One row per device with telemetry in the window: its ranks and coordinates, sampling, and its
+    own power, energy, temperature, clock, utilisation, memory, throttle and link statistics."""
+    sd = ctx.sd
+    dev_rank: dict[DeviceKey, list[int]] = {}
+    for r, key in ctx.rank_dev.items():
+        dev_rank.setdefault(key, []).append(r)
+    coords = ctx.coords
+    pw = ctx.have("power_w")
+    spectra = _per_device_spectra(ctx.con, pw, ctx.w0, ctx.w1) if pw else {}
+    rows = []
+    for s in ctx.dev_stats:
+        key = (s["host"], s["device"])
+        ranks = sorted(dev_rank.get(key, []))
+        osc_freq, osc_amp = spectra.get(key) or (None, None)
+        row = {
+            "host": s["host"], "device": s["device"], "kind": ctx.kind_of(s), "ranks": ranks,
+            "slot": _slot(s["device"]),
+            "pp": _coord(coords, ranks, "pp"), "ep": _coord(coords, ranks, "ep"),
+            "tp": _coord(coords, ranks, "tp"), "dp": _coord(coords, ranks, "dp"),
+            "samples": s["rows"], "rate_hz": s["rate_hz"], "gaps": s.get("gaps"), "gap_s": s.get("gap_s"),
+            "max_interval_s": s.get("max_interval_s"),
+            "power_mean_w": s.get("power_w_mean"), "power_peak_w": s.get("power_w_max"),
+            "power_p99_w": s.get("power_w_p99"), "power_ramp_max_w_per_s": s.get("power_w_ramp_max"),
+            "energy_counter_j": s.get("energy_j_delta"), "energy_integral_j": s.get("power_w_integral"),
+            "temp_mean_c": s.get("temp_c_mean"), "temp_peak_c": s.get("temp_c_max"),
+            "temp_time_to_steady_s": s.get("temp_c_steady_s"),
+            "temp_mem_peak_c": s.get("temp_mem_c_max"),
+            "clock_sm_mean_mhz": s.get("clock_sm_mhz_mean"), "clock_sm_min_mhz": s.get("clock_sm_mhz_min"),
+            "util_mean_pct": s.get("util_pct_mean"), "cpu_util_mean_pct": s.get("cpu_util_pct_mean"),
+            "mem_used_max_bytes": s.get("mem_used_bytes_max"),
+            "throttle_share": s.get("throttle_any"),
+            **{f"throttle_share_{r}": s.get(f"throttle_{r}") for r in THROTTLE_REASONS},
+            "link_tx_bytes": s.get("link_tx_bytes_delta"), "link_rx_bytes": s.get("link_rx_bytes_delta"),
+            "pcie_tx_bytes": s.get("pcie_tx_bytes_delta"),
+            "power_osc_freq_hz": osc_freq,
+            "power_osc_amp_w": osc_amp,
+        }
+        if sd is not None and ranks:
+            idx = [sd.ranks.index(r) for r in ranks if r in sd.ranks]
+            row["step_time_mean_s"] = float(np.nanmean(sd.rank_step_s[idx])) if idx else None
+        rows.append(row)
+    return rows
+
+
+def _per_device_spectra(con: duckdb.DuckDBPyConnection, pw: list[dict[str, Any]], w0: int, w1: int
+                        ) -> dict[DeviceKey, tuple[float, float]]:
+    if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
+        return {}
+    t = con.sql(f"SELECT host, device, t_ns, power_w FROM tel WHERE t_ns BETWEEN {int(w0)} AND {int(w1)} "
+                "AND power_w IS NOT NULL ORDER BY host, device, t_ns").to_arrow_table()
+    hosts = t["host"].to_numpy(zero_copy_only=False)
+    devs = t["device"].to_numpy(zero_copy_only=False)
+    ts = t["t_ns"].to_numpy()
+    ps = t["power_w"].to_numpy(zero_copy_only=False)
+    out: dict[DeviceKey, tuple[float, float]] = {}
+    for s in pw:
+        sel = (hosts == s["host"]) & (devs == s["device"])
+        osc = signal.dominant_oscillation(ts[sel], ps[sel])
+        if osc:
+            out[(s["host"], s["device"])] = osc
+    return out
+
+
+def _slot(device: str) -> int | None:
+    m = re.search(r"(\d+)$", device)
+    return int(m.group(1)) if m else None
+
+
+def _coord(coords: dict[int, dict[str, Any]], ranks: list[int], axis: str) -> int | None:
+    vals = {coords.get(r, {}).get(axis) for r in ranks} - {None}
+    return vals.pop() if len(vals) == 1 else None
+
+
+def per_node(counted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host: mean and summed power, energy, mean and peak temperature, and the temperature spread
+    between its devices."""
+    out = []
+    for host in sorted({s["host"] for s in counted}):
+        devs = [s for s in counted if s["host"] == host]
+        temps = [s["temp_c_mean"] for s in devs if s.get("temp_c_n")]
+        powers = [s["power_w_mean"] for s in devs if s.get("power_w_n")]
+        energy = [s.get("energy_j_delta") if s.get("energy_j_delta") is not None else s.get("power_w_integral")
+                  for s in devs]
+        known = [e for e in energy if e is not None]
+        row: dict[str, Any] = {
+            "host": host, "devices": len(devs),
+            "power_mean_w": float(np.mean(powers)) if powers else None,
+            "power_sum_mean_w": float(np.sum(powers)) if powers and len(powers) == len(devs) else None,
+            "energy_j": float(sum(known)) if energy and len(known) == len(energy) else None,
+            "temp_mean_c": float(np.mean(temps)) if temps else None,
+            "temp_peak_c": max((s["temp_c_max"] for s in devs if s.get("temp_c_n")), default=None),
+            "temp_spread_c": None, "temp_spread_pct": None,
+        }
+        if len(temps) >= 2:
+            row["temp_spread_c"] = float(max(temps) - min(temps))
+            row["temp_spread_pct"] = float((max(temps) - min(temps)) / min(temps) * 100) if min(temps) > 0 else None
+        out.append(row)
+    return out
+
+
+def per_step(sd: steps.StepData | None, power: PowerFamily) -> list[dict[str, Any]]:
+    """One row per measured step: its window, time, tokens, samples, straggler spread, mean device
+    power and cluster energy."""
+    if sd is None:
+        return []
+    return [{
+        "step": s, "t_start_ns": int(sd.t_start_ns[j]), "t_end_ns": int(sd.t_end_ns[j]),
+        "step_time_s": float(sd.step_time_s[j]), "tokens": sd.tokens[j], "samples": sd.samples[j],
+        "straggler_spread_pct": sd.spread_pct[j], "power_mean_w": power.per_step_power_w.get(s),
+        "energy_j": power.per_step_energy_j.get(s),
+    } for j, s in enumerate(sd.steps.tolist())]
+
+
+def per_rank(sd: steps.StepData | None, coords: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    if sd is None:
+        return []
+    out = []
+    for i, r in enumerate(sd.ranks):
+        d = sd.rank_step_s[i]
+        out.append({"rank": r, "coords": coords.get(r) or {}, "step_time_mean_s": float(np.nanmean(d)),
+                    "step_time_max_s": float(np.nanmax(d)), "steps": int(np.sum(~np.isnan(d)))})
+    return out
+
+
+def group_view(per_device: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:
+    """Mean power, temperature, clocks and step time of the devices sharing one coordinate."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for d in per_device:
+        if d.get(axis) is not None:
+            groups.setdefault(d[axis], []).append(d)
+    out = []
+    for g, devs in sorted(groups.items()):
+        row: dict[str, Any] = {axis: g, "devices": len(devs)}
+        for k in ("power_mean_w", "power_peak_w", "temp_mean_c", "temp_peak_c", "clock_sm_mean_mhz",
+                  "throttle_share", "step_time_mean_s", "energy_integral_j", "link_tx_bytes"):
+            vals = [d[k] for d in devs if d.get(k) is not None]
+            row[k] = (max(vals) if k.endswith("_peak_w") or k.endswith("_peak_c") else float(np.mean(vals))) \
+                if vals else None
+        out.append(row)
+    return out
+
+
+def with_rank_times(view: list[dict[str, Any]], per_rank: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:
+    """Add each group's ranks and their mean step time (from the events), also where ranks share one
+    device (a CPU host) and the device view alone cannot tell the groups apart."""
+    rows = {v[axis]: v for v in view}
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in per_rank:
+        c = (r.get("coords") or {}).get(axis)
+        if c is not None:
+            groups.setdefault(c, []).append(r)
+    if len(groups) < 2 and not rows:
+        return []
+    for g, rs in groups.items():
+        row = rows.setdefault(g, {axis: g, "devices": None})
+        row["ranks"] = [r["rank"] for r in rs]
+        row["rank_step_time_mean_s"] = float(np.mean([r["step_time_mean_s"] for r in rs]))
+    return [rows[k] for k in sorted(rows)]
+
+
+def data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
+    """Fields supported, achieved sample rate, gaps and clock skew, as the report's data-quality panel."""
+    hosts = info.get("sampler_hosts") or {}
+    skew = info.get("clock_skew_ns") or (info.get("clock") or {}).get("skew_ns")
+    n_hosts = len(info.get("hosts") or hosts or {s["host"] for s in dev_stats})
+    return {
+        "fields_supported": info.get("fields_supported") or [],
+        "not_measured": info.get("not_measured") or [],
+        "telemetry_notes": info.get("telemetry_notes") or [],
+        "rate_hz_requested": {h: v.get("rate_hz_requested") for h, v in hosts.items()} or
+                             (info.get("sampler") or {}).get("rate_hz"),
+        "devices": [{"host": s["host"], "device": s["device"], "samples": s["rows"], "rate_hz": s["rate_hz"],
+                     "gaps": s.get("gaps"), "gap_s": s.get("gap_s"), "max_interval_s": s.get("max_interval_s")}
+                    for s in dev_stats],
+        "clock_skew_ns": skew,
+        "clock_skew_note": ("single host: all rows stamped by one clock" if n_hosts <= 1 and skew is None
+                            else ("measured" if skew is not None else "not measured across hosts")),
+        "window_s": window_s,
+    }
