@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from powertrain.cli import app
+
+if TYPE_CHECKING:
+    from powertrain.importers.common import RunBuilder
 
 KIND_HELP = (
     "Format of the sources: nvsmi (nvidia-smi --query-gpu CSV), mlperf (MLLOG power/result logs or "
@@ -68,24 +72,49 @@ def import_cmd(
     Every imported step is in the measured window (less --warmup-steps), so `powertrain summarize` and
     `powertrain report` show step time, throughput and, where power was imported, energy.
     """
-    from powertrain.importers import SourceFormatError, build
-    from powertrain.importers.common import ImportWarning_, parse_anchor
+    anchor_ns = _anchor_ns(anchor, tz)
+    builder, run_dir = _import(kind, sources, out, anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
+                               gpus_per_node=gpus_per_node, seq_len=seq_len, detect_events=detect, name=name,
+                               hta=hta or None, warmup_steps=warmup_steps)
+    _print_result(builder, run_dir)
 
-    err = Console(stderr=True, highlight=False)
+
+def _fail(exc: Exception) -> typer.Exit:
+    Console(stderr=True, highlight=False).print(f"[red]error: {escape(str(exc))}[/red]", soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _anchor_ns(anchor: str | None, tz: str | None) -> int | None:
+    from powertrain.importers.common import parse_anchor
+
+    try:
+        return parse_anchor(anchor, tz) if anchor is not None else None
+    except ValueError as exc:
+        raise _fail(exc) from None
+
+
+def _import(kind: str, sources: list[Path], out: Path, **options: Any) -> tuple[RunBuilder, Path]:
+    """Build and write the run directory; a refused source is one red line (exit 2), a tolerated
+    quirk one yellow warning line each (the importers' :class:`ImportWarning_`)."""
+    from powertrain.importers import SourceFormatError, build
+    from powertrain.importers.common import ImportWarning_
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ImportWarning_)
         try:
-            anchor_ns = parse_anchor(anchor, tz) if anchor is not None else None
-            builder = build(kind, sources, tz=tz, gpus=gpus, hosts=host or None, gpus_per_node=gpus_per_node,
-                            seq_len=seq_len, detect_events=detect, name=name,
-                            hta=hta or None, anchor_ns=anchor_ns, warmup_steps=warmup_steps)
+            builder = build(kind, sources, **options)
             run_dir = builder.write(out)
         except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError, ImportError) as exc:
-            err.print(f"[red]error: {escape(str(exc))}[/red]", soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise _fail(exc) from None
+    err = Console(stderr=True, highlight=False)
     for w in caught:
         if issubclass(w.category, ImportWarning_):
             err.print(f"[yellow]warning: {escape(str(w.message))}[/yellow]", soft_wrap=True)
+    return builder, run_dir
+
+
+def _print_result(builder: RunBuilder, run_dir: Path) -> None:
+    """What was imported: rows, hosts, devices, events by kind, window, job devices, detected events, energy."""
     tel = builder.telemetry()
     ev = builder.events()
     devices = {(h, d) for h, d in zip(tel.column("host").to_pylist(), tel.column("device").to_pylist(), strict=True)} \
