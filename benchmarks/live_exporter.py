@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from powertrain.live.prometheus import PrometheusExporter
 from powertrain.telemetry.host import HostBackend
 from powertrain.telemetry.nvidia import NvidiaBackend
-from powertrain.telemetry.sampler import Sampler
+from powertrain.telemetry.sampler import Sampler, TelemetryFile
 from standins.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -33,7 +33,7 @@ def per_sample_s(sampler: Sampler, n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
         sampler._sample_once()
-        sampler.writer.maybe_flush()
+        sampler._flush_sinks()
     return (time.perf_counter() - t) / n
 
 
@@ -46,7 +46,8 @@ def main() -> None:
         backends = [NvidiaBackend(nvml=FakeNvml([FakeGpu() for _ in range(8)])), HostBackend()]
         exporter = PrometheusExporter("127.0.0.1:0")
         plain = Sampler(Path(tmp) / "a", backends=backends, host="bench")
-        live = Sampler(Path(tmp) / "b", backends=backends, host="bench", exporter=exporter)
+        live = Sampler(Path(tmp) / "b", backends=backends, host="bench",
+                       sinks=[TelemetryFile(Path(tmp) / "b", "bench"), exporter])
         per_sample_s(plain, 20), per_sample_s(live, 20)  # warm-up (first flush, imports)
         off, on = [], []
         for _ in range(a.blocks):

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from powertrain.live.prometheus import PrometheusExporter, metric_name, parse_listen
 from powertrain.telemetry.host import HostBackend
 from powertrain.telemetry.nvidia import NvidiaBackend
-from powertrain.telemetry.sampler import Sampler
+from powertrain.telemetry.sampler import Sampler, TelemetryFile
 from standins.fake_nvml import FakeGpu, FakeNvml  # stand-in for nvidia-ml-py, injected at the backend
 
 
@@ -54,7 +54,7 @@ def test_scrape_during_sampling_has_dcgm_names_and_labels(tmp_path):
     gpu = FakeGpu(power_mw=312_500, temp_c=61, clock_sm_mhz=1755, mem_used=3 * 2**30, energy_mj=7_000_000)
     exporter = PrometheusExporter("127.0.0.1:0")
     sampler = Sampler(tmp_path / "run", backends=[NvidiaBackend(nvml=FakeNvml([gpu])), HostBackend()],
-                      host="node7", rate_hz=20, exporter=exporter)
+                      host="node7", rate_hz=20, sinks=[TelemetryFile(tmp_path / "run", "node7"), exporter])
     t = threading.Thread(target=sampler.run)
     t.start()
     try:

@@ -9,7 +9,7 @@
     print(m.run_dir)
 
 ``Monitor`` creates the run directory, starts the sampler process
-(:mod:`powertrain.telemetry.sampler`), sends this process's step / phase markers
+(:mod:`powertrain.sampler_process`), sends this process's step / phase markers
 (:mod:`powertrain.hooks`) to ``events/rank-<r>.parquet`` of the run, and on exit closes the events
 file, stops the sampler, compacts what it wrote and records in ``run.json`` how the run ended. :func:`run_command` does the same around a child process (what
 ``powertrain monitor -- CMD`` calls), passing its output through to the terminal and into
@@ -184,7 +184,7 @@ class Monitor:
         meta.unlink(missing_ok=True)
         self._log = open(self.run.logs_dir / f"sampler-{self.host}.stderr", "ab")  # noqa: SIM115
         cmd = [
-            sys.executable, "-m", "powertrain.telemetry.sampler", str(self.run.path),
+            sys.executable, "-m", "powertrain.sampler_process", str(self.run.path),
             "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,
             "--flush", str(self.flush_s), "--watch-pid", str(os.getpid()),
         ]

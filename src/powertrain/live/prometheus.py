@@ -1,10 +1,10 @@
 """Live Prometheus endpoint of the per-node sampler (``powertrain monitor --prometheus [HOST:]PORT``).
 
-The sampler hands each sample's rows to :class:`PrometheusExporter` (one reference assignment, so
-the sampling loop is not slowed); metrics are built from the latest rows only when Prometheus
-scrapes. Every metric carries ``host`` and ``device`` labels (``gpu0``, ``cpu``). Names follow
-NVIDIA dcgm-exporter where DCGM has the same quantity (in DCGM's unit), so existing dashboards and
-alerts work; the rest are ``powertrain_<field>``:
+The sampler hands each sample's rows to :class:`PrometheusExporter`, one of its sinks (one
+reference assignment, so the sampling loop is not slowed); metrics are built from the latest rows
+only when Prometheus scrapes. Every metric carries ``host`` and ``device`` labels (``gpu0``,
+``cpu``). Names follow NVIDIA dcgm-exporter where DCGM has the same quantity (in DCGM's unit), so
+existing dashboards and alerts work; the rest are ``powertrain_<field>``:
 
 ======================  ==========================================  ===========================
 telemetry field         metric                                      unit
@@ -95,8 +95,8 @@ class PrometheusExporter:
         self._server, self._thread = start_http_server(port, addr=self.addr, registry=self.registry)
         self.port: int = self._server.server_port
 
-    # -- called by the sampler -------------------------------------------------------------------
-    def update(self, rows: list[dict[str, Any]]) -> None:
+    # -- called by the sampler (a powertrain.telemetry.sampler.SampleSink) ------------------------
+    def write(self, rows: list[dict[str, Any]]) -> None:
         """Remember one sample's rows (cheap: the work is done at scrape time)."""
         if not rows:
             return
@@ -104,6 +104,14 @@ class PrometheusExporter:
             self._rows = rows
             host = rows[0].get("host", "")
             self._samples[host] = self._samples.get(host, 0) + 1
+
+    def maybe_flush(self) -> bool:
+        """Nothing to make durable: the endpoint serves the latest sample only."""
+        return False
+
+    def meta(self) -> dict[str, Any]:
+        """Where it listens, for the sampler's ``<host>.meta.json``."""
+        return {"addr": self.addr, "port": self.port}
 
     # -- called by prometheus_client at scrape time ----------------------------------------------
     def collect(self) -> Iterable[Any]:

@@ -1,45 +1,76 @@
-"""The per-node sampler: one process per node that reads every local device at a fixed rate.
+"""The per-node sampling loop: reads every local device at a fixed rate and hands each sample's rows
+to its sinks.
 
-Rows stream to ``<run>/telemetry/<host>.parquet`` through
-:class:`powertrain.store.tables.StreamingTableWriter`, so a ``kill -9`` of the sampler, the training
-ranks or the launcher loses at most about one flush interval (1 s) of samples. What the sampler found
-(devices, supported fields, notes, incidents, achieved rate) goes to ``<host>.meta.json``.
+The sinks are injected (:class:`SampleSink`): :class:`TelemetryFile` streams the rows to
+``<run>/telemetry/<host>.parquet`` through :class:`powertrain.store.tables.StreamingTableWriter`, so a
+``kill -9`` of the sampler, the training ranks or the launcher loses at most about one flush interval
+(1 s) of samples; the process entry point (:mod:`powertrain.sampler_process`) adds the live
+Prometheus endpoint when asked. What the sampler found (devices, supported fields, notes, incidents,
+achieved rate) goes to ``<host>.meta.json``.
 
-Run it directly as ``python -m powertrain.telemetry.sampler RUN_DIR [--rate HZ]``; normally
-:class:`powertrain.monitor.Monitor` starts and stops it. It exits cleanly on SIGTERM / SIGINT and by
-itself when the process that started it disappears (so an orphaned sampler never runs forever).
+The loop stops on :meth:`Sampler.stop` and by itself when the process that started it disappears
+(so an orphaned sampler never runs forever).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
-import signal
-import sys
 import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
 from powertrain.store.tables import StreamingTableWriter
-from powertrain.telemetry.backend import Backend, BackendUnavailable
+from powertrain.telemetry.backend import Backend
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
-from powertrain.telemetry.discover import open_backends
 
-log = logging.getLogger("powertrain.sampler")
+log = logging.getLogger(__name__)
 
 MAX_RATE_HZ = 1000.0
 
 
+class SampleSink(Protocol):
+    """Where each sample's rows go. Every call comes from the sampling loop, so each must be cheap."""
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        """Take the rows of one sample (all devices of this host)."""
+
+    def maybe_flush(self) -> bool:
+        """Make what was written durable if it is time to; whether it did (the sampler's periodic
+        checks run after a flush)."""
+
+    def close(self) -> None:
+        """Sampling ended: flush and release what the sink holds."""
+
+
+class TelemetryFile:
+    """The run directory's telemetry of one host, ``<run>/telemetry/<host>.parquet`` (crash-safe)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], host: str, flush_s: float = 1.0) -> None:
+        self.writer = StreamingTableWriter(RunDir(run_dir).telemetry_dir / host, TELEMETRY_SCHEMA, flush_s=flush_s)
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self.writer.append(rows)
+
+    def maybe_flush(self) -> bool:
+        return self.writer.maybe_flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class Sampler:
-    """Samples the given backends into a run directory until :meth:`stop` is called."""
+    """Samples the given backends into its sinks until :meth:`stop` is called.
+
+    ``sinks`` default to the run directory's :class:`TelemetryFile` of ``host``; ``meta`` entries are
+    added to ``<host>.meta.json`` (what the composing entry point wants recorded about its sinks).
+    """
 
     def __init__(
         self,
@@ -51,7 +82,8 @@ class Sampler:
         rate_hz: float = DEFAULT_RATE_HZ,
         flush_s: float = 1.0,
         watch_pid: int | None = None,
-        exporter: Any = None,
+        sinks: Sequence[SampleSink] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         if not 0 < rate_hz <= MAX_RATE_HZ:
             raise ValueError(f"sampling rate must be in (0, {MAX_RATE_HZ:g}] Hz, got {rate_hz:g}")
@@ -61,10 +93,9 @@ class Sampler:
         self.notes = list(notes)
         self.rate_hz = rate_hz
         self.period = 1.0 / rate_hz
-        self.writer = StreamingTableWriter(
-            self.rundir.telemetry_dir / self.host, TELEMETRY_SCHEMA, flush_s=flush_s
-        )
-        self.exporter = exporter  # a powertrain.live.prometheus.PrometheusExporter, or None
+        self.sinks: list[SampleSink] = (list(sinks) if sinks is not None
+                                        else [TelemetryFile(self.rundir.path, self.host, flush_s)])
+        self.extra_meta = dict(meta or {})
         self._stop = threading.Event()
         self._parent = watch_pid  # stop when our parent is no longer this process
         self.samples = 0
@@ -101,8 +132,7 @@ class Sampler:
             "incidents": [i.to_dict() for b in self.backends for i in b.incidents],
             "finished": final,
             "stop_reason": self.stop_reason if final else None,
-            "prometheus": ({"addr": self.exporter.addr, "port": self.exporter.port}
-                           if self.exporter is not None else None),
+            **self.extra_meta,
         }
 
     def _sample_once(self) -> None:
@@ -117,9 +147,8 @@ class Sampler:
             t = rows[0]["t_ns"]
             self.t_first_ns = self.t_first_ns or t
             self.t_last_ns = t
-        self.writer.append(rows)
-        if self.exporter is not None:
-            self.exporter.update(rows)
+        for sink in self.sinks:
+            sink.write(rows)
         self.samples += 1
 
     def run(self) -> None:
@@ -135,7 +164,7 @@ class Sampler:
         try:
             while not self._stop.is_set():
                 self._sample_once()
-                if self.writer.maybe_flush():
+                if self._flush_sinks():
                     n = sum(len(b.incidents) for b in self.backends)
                     if n != seen_incidents:
                         for inc in [i for b in self.backends for i in b.incidents][seen_incidents:]:
@@ -154,13 +183,18 @@ class Sampler:
                     self._stop.wait(delay)
             self._sample_once()  # the state at the moment of stopping, so the window ends measured
         finally:
-            self.writer.close()
+            for sink in self.sinks:
+                sink.close()
             for b in self.backends:
                 b.close()
-            if self.exporter is not None:
-                self.exporter.close()
             write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=True))
             log.info("stopped (%s) after %d samples", self.stop_reason, self.samples)
+
+
+    def _flush_sinks(self) -> bool:
+        """Let every sink flush if due; whether any did."""
+        flushed = [sink.maybe_flush() for sink in self.sinks]
+        return any(flushed)
 
 
 def _warm_up_writer() -> None:
@@ -173,50 +207,3 @@ def _warm_up_writer() -> None:
     table = pa.Table.from_pylist([empty_telemetry_row(0, "warm-up", "cpu")], schema=TELEMETRY_SCHEMA)
     pq.write_table(table, io.BytesIO(), compression="zstd")
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m powertrain.telemetry.sampler", description=__doc__)
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--rate", type=float, default=DEFAULT_RATE_HZ, help="samples per second (default 20)")
-    p.add_argument("--backends", default="auto", help="auto, or a comma list of nvidia,amd,host")
-    p.add_argument("--host", default=None, help="host label (default: short host name)")
-    p.add_argument("--flush", type=float, default=1.0, help="seconds between crash-safe flushes")
-    p.add_argument("--watch-pid", type=int, default=None,
-                   help="the starting process's pid: stop when it is no longer our parent (it died)")
-    p.add_argument("--prometheus", default=None, metavar="[HOST:]PORT",
-                   help="serve the latest readings for Prometheus (HOST defaults to 127.0.0.1)")
-    args = p.parse_args(argv)
-
-    host = args.host or default_host()
-    run = RunDir(args.run_dir).create()
-    logging.basicConfig(
-        filename=run.logs_dir / f"sampler-{host}.log",
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    requested = "auto" if args.backends == "auto" else args.backends.split(",")
-    try:
-        backends, notes = open_backends(requested)
-    except BackendUnavailable as exc:
-        print(f"telemetry backend unavailable: {exc}", file=sys.stderr)  # the monitor shows this line
-        return 2
-    exporter = None
-    if args.prometheus:
-        from powertrain.live.prometheus import PrometheusExporter
-
-        exporter = PrometheusExporter(args.prometheus)
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", exporter.addr, exporter.port)
-    sampler = Sampler(run.path, backends=backends, notes=notes, host=host, rate_hz=args.rate,
-                      flush_s=args.flush, watch_pid=args.watch_pid, exporter=exporter)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        sampler.stop(f"received {signal.Signals(signum).name}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    sampler.run()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
