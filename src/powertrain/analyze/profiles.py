@@ -50,8 +50,9 @@ def _union_length(iv: np.ndarray) -> float:
     return float(total + cur_e - cur_s)
 
 
-def breakdown(trace: dict[str, Any]) -> dict[str, float] | None:
-    """Seconds of compute-only, exposed communication, overlap and idle in one profiled step."""
+def breakdown(trace: dict[str, Any]) -> dict[str, float | str] | None:
+    """Seconds of compute-only, exposed communication, overlap and idle in one profiled step, and which
+    timeline they come from (``timeline``: GPU kernels or CPU operators)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     gpu = [e for e in events if e.get("cat") in GPU_CATS]
@@ -91,7 +92,7 @@ def run_profiles(run_dir: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             opener = gzip.open if p.suffix == ".gz" else open
-            with opener(p, "rt") as f:  # type: ignore[operator]
+            with opener(p, "rt") as f:
                 trace = json.load(f)
         except (OSError, ValueError):
             continue  # a torn trace of a killed rank: skipped, not fatal

@@ -1,9 +1,10 @@
-"""Signal arithmetic on one device's time series (numpy): integrals, ramps, oscillation.
+"""Signal arithmetic on one device's time series (numpy): integrals, counter increases, oscillation,
+settling time, correlation.
 
 Times are int64 nanoseconds (``t_ns``); values are floats. Every function returns ``None`` when
-it has too little data, never 0. The SQL in :mod:`powertrain.analyze.telemetry` computes the same
-integrals and ramps at scale; these are the reference definitions and what the per-device spectrum
-uses.
+it has too little data, never 0. :mod:`powertrain.analyze.telemetry` computes integrals, counter
+increases and ramps at scale (its ramp is the largest ``|Δp| / Δt`` between consecutive in-window
+samples); these are the reference definitions and what the per-step energy and the spectra use.
 """
 
 from __future__ import annotations
@@ -54,18 +55,6 @@ def counter_delta(t_ns: np.ndarray, counter: np.ndarray) -> float | None:
         return None
     d = np.diff(c)
     return float(np.sum(d[d >= 0]))
-
-
-def max_ramp_w_per_s(t_ns: np.ndarray, power_w: np.ndarray) -> float | None:
-    """Fastest change of power between consecutive samples, in W/s (absolute value)."""
-    t, p = _clean(t_ns, power_w)
-    if len(t) < 2:
-        return None
-    dt = np.diff(t) / 1e9
-    ok = dt > 0
-    if not ok.any():
-        return None
-    return float(np.max(np.abs(np.diff(p)[ok] / dt[ok])))
 
 
 def resample_uniform(t_ns: np.ndarray, v: np.ndarray, period_s: float | None = None) -> tuple[np.ndarray, float]:

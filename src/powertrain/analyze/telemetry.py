@@ -19,6 +19,7 @@ Definitions (all over the window ``[w0, w1]``):
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,8 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
             by_key[key].update(row)
 
     for k, s in by_key.items():
-        s["period_s"] = periods[k] / 1e9 if periods[k] else None
+        period = periods[k]
+        s["period_s"] = period / 1e9 if period else None
         s["rate_hz"] = 1.0 / s["period_s"] if s["period_s"] else None
     return [by_key[k] for k in sorted(by_key)]
 
@@ -166,19 +168,6 @@ def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
         GROUP BY b ORDER BY b
     """
     return con.sql(sql).to_arrow_table()
-
-
-def device_series(con: duckdb.DuckDBPyConnection, host: str, device: str, fields: list[str], w0: int, w1: int,
-                  name: str = "tel") -> pa.Table:
-    """One device's samples in the window (for figures and spectra of small runs)."""
-    cols = ", ".join(["t_ns", *fields])
-    return con.sql(
-        f"SELECT {cols} FROM {name} WHERE host = {_lit(host)} AND device = {_lit(device)} "
-        f"AND t_ns BETWEEN {int(w0)} AND {int(w1)} ORDER BY t_ns").to_arrow_table()
-
-
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int | None, t_hi: int | None
@@ -211,64 +200,18 @@ def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tu
     (see the module docstring), vectorised with numpy over one batch of rows."""
     if t.num_rows < 2:
         return {}
-    key = pc.binary_join_element_wise(t["host"], t["device"], "\x00")
-    enc = pc.dictionary_encode(key).combine_chunks()
-    codes = enc.indices.to_numpy()
-    keys = [tuple(k.split("\x00", 1)) for k in enc.dictionary.to_pylist()]
-    tn = t["t_ns"].to_numpy()
-    order = np.argsort(codes, kind="stable")  # rows usually arrive in time order: a stable sort keeps it
-    c, ts = codes[order], tn[order]
-    same = c[1:] == c[:-1]
-    if np.any(np.diff(ts)[same] < 0):
-        order = np.lexsort((tn, codes))
-        c, ts = codes[order], tn[order]
-        same = c[1:] == c[:-1]
-    t0, t1 = ts[:-1], ts[1:]
-    dt = (t1 - t0).astype(np.float64)
-    valid = same & (t1 > t0) & (t1 > w0) & (t0 < w1)
-    g = c[:-1]
-    nk = len(keys)
-    a = np.maximum(t0, w0)
-    b = np.minimum(t1, w1)
-    clip = np.where(valid, (b - a).astype(np.float64), 0.0)
-    inside = valid & (t0 >= w0) & (t1 <= w1)
-    period = np.array([periods.get(k) or np.nan for k in keys], dtype=np.float64)
+    rows = _DeviceRows.of(t)
+    seg = _Segs.of(rows, w0, w1)
+    period = np.array([periods.get(k) or np.nan for k in rows.keys], dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        gap = inside & (dt > GAP_FACTOR * period[g])
-
-    def per_key_sum(mask: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (np.bincount(g[mask], weights=weights[mask], minlength=nk),
-                np.bincount(g[mask], minlength=nk))
-
-    def per_key_max(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
-        out = np.full(nk, -np.inf)
-        np.maximum.at(out, g[mask], values[mask])
-        return out
-
-    cov, ncov = per_key_sum(valid, clip)
-    maxint = per_key_max(inside, dt)
-    gaps, _ = per_key_sum(gap, np.ones_like(dt))
-    gap_s, ngap = per_key_sum(gap, dt)
-    cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    safe_dt = np.where(dt > 0, dt, 1.0)
-    for f in fields:
-        v = pc.cast(t[f], pa.float64()).to_numpy(zero_copy_only=False)[order]
-        v0, v1 = v[:-1], v[1:]
-        ok = valid & ~np.isnan(v0) & ~np.isnan(v1)
-        if f in INTEGRATED:
-            va = v0 + (v1 - v0) * (a - t0) / safe_dt
-            vb = v0 + (v1 - v0) * (b - t0) / safe_dt
-            cols[f"{f}_integral"] = per_key_sum(ok, clip / 1e9 * (va + vb) / 2)
-            cols[f"{f}_integral_s"] = per_key_sum(ok, clip / 1e9)
-            ramp = per_key_max(ok & inside, np.abs(v1 - v0) / (safe_dt / 1e9))
-            cols[f"{f}_ramp_max"] = (ramp, np.isfinite(ramp).astype(np.int64))
-        else:
-            d = v1 - v0
-            okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
-            cols[f"{f}_delta"] = per_key_sum(okc, d * clip / safe_dt)
-            cols[f"{f}_delta_s"] = per_key_sum(ok, clip / 1e9)
+        gap = seg.inside & (seg.dt > GAP_FACTOR * period[seg.g])
+    cov, ncov = seg.per_key_sum(seg.valid, seg.clip)
+    maxint = seg.per_key_max(seg.inside, seg.dt)
+    gaps, _ = seg.per_key_sum(gap, np.ones_like(seg.dt))
+    gap_s, ngap = seg.per_key_sum(gap, seg.dt)
+    cols = _field_sums(t, fields, rows, seg)
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for i, k in enumerate(keys):
+    for i, k in enumerate(rows.keys):
         row: dict[str, Any] = {
             "covered_s": float(cov[i]) / 1e9 if ncov[i] else None,
             "max_interval_s": float(maxint[i]) / 1e9 if np.isfinite(maxint[i]) else None,
@@ -277,19 +220,127 @@ def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tu
         }
         for name, (vals, n) in cols.items():
             row[name] = float(vals[i]) if n[i] else None
-        out[k] = row  # type: ignore[index]
+        out[k] = row
     if steady_field is not None:
-        # per device: 1 s means of the field, then the time it takes to settle (signal.time_to_steady)
-        v = pc.cast(t[steady_field], pa.float64()).to_numpy(zero_copy_only=False)[order]
-        bounds = np.r_[0, np.flatnonzero(~same) + 1, len(c)]
-        for j in range(len(bounds) - 1):
-            lo, hi = bounds[j], bounds[j + 1]
-            vv, tt = v[lo:hi], ts[lo:hi]
-            ok = ~np.isnan(vv)
-            if not ok.any():
-                continue
-            sec = tt[ok] // 1_000_000_000
-            uniq, inv = np.unique(sec, return_inverse=True)
-            means = np.bincount(inv, weights=vv[ok]) / np.bincount(inv)
-            out[keys[c[lo]]][f"{steady_field}_steady_s"] = time_to_steady(uniq.astype(np.float64), means)  # type: ignore[index]
+        _add_steady_times(out, t, steady_field, rows)
     return out
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    host, device = key.split("\x00", 1)
+    return host, device
+
+
+@dataclass
+class _DeviceRows:
+    """One batch's rows ordered by device, then time: ``order`` indexes the batch, ``codes`` and ``ts``
+    are the device code and time of each ordered row, ``same[i]``: rows i and i+1 are one device's."""
+
+    keys: list[tuple[str, str]]
+    order: np.ndarray
+    codes: np.ndarray
+    ts: np.ndarray
+    same: np.ndarray
+
+    @classmethod
+    def of(cls, t: pa.Table) -> _DeviceRows:
+        key = pc.binary_join_element_wise(t["host"], t["device"], "\x00")
+        enc = pc.dictionary_encode(key).combine_chunks()
+        codes = enc.indices.to_numpy()
+        keys = [_split_key(k) for k in enc.dictionary.to_pylist()]
+        tn = t["t_ns"].to_numpy()
+        order = np.argsort(codes, kind="stable")  # rows usually arrive in time order: a stable sort keeps it
+        c, ts = codes[order], tn[order]
+        same = c[1:] == c[:-1]
+        if np.any(np.diff(ts)[same] < 0):
+            order = np.lexsort((tn, codes))
+            c, ts = codes[order], tn[order]
+            same = c[1:] == c[:-1]
+        return cls(keys, order, c, ts, same)
+
+    def ordered(self, t: pa.Table, field: str) -> np.ndarray:
+        """Column ``field`` as float64 (NaN for nulls), in this order."""
+        return np.asarray(pc.cast(t[field], pa.float64()).to_numpy(zero_copy_only=False)[self.order])
+
+
+@dataclass
+class _Segs:
+    """The segments between consecutive samples of one device: device code ``g``, ends ``t0``/``t1``
+    and length ``dt``; ``a``/``b`` the ends clipped to the window and ``clip`` the clipped length (0 where
+    not ``valid``); ``inside``: the whole segment lies in the window."""
+
+    g: np.ndarray
+    nk: int
+    t0: np.ndarray
+    dt: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    clip: np.ndarray
+    valid: np.ndarray
+    inside: np.ndarray
+
+    @classmethod
+    def of(cls, rows: _DeviceRows, w0: int, w1: int) -> _Segs:
+        ts = rows.ts
+        t0, t1 = ts[:-1], ts[1:]
+        dt = (t1 - t0).astype(np.float64)
+        valid = rows.same & (t1 > t0) & (t1 > w0) & (t0 < w1)
+        a = np.maximum(t0, w0)
+        b = np.minimum(t1, w1)
+        clip = np.where(valid, (b - a).astype(np.float64), 0.0)
+        inside = valid & (t0 >= w0) & (t1 <= w1)
+        return cls(rows.codes[:-1], len(rows.keys), t0, dt, a, b, clip, valid, inside)
+
+    def per_key_sum(self, mask: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per device: the sum of ``weights`` over the segments in ``mask``, and how many there were."""
+        return (np.bincount(self.g[mask], weights=weights[mask], minlength=self.nk),
+                np.bincount(self.g[mask], minlength=self.nk))
+
+    def per_key_max(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Per device: the largest of ``values`` over the segments in ``mask`` (−inf where none)."""
+        out = np.full(self.nk, -np.inf)
+        np.maximum.at(out, self.g[mask], values[mask])
+        return out
+
+
+def _field_sums(t: pa.Table, fields: list[str], rows: _DeviceRows, seg: _Segs
+                ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per device and field: (values, counts) of the integral, covered time and steepest ramp of an
+    integrated field, or of the increase and covered time of a counter."""
+    cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    safe_dt = np.where(seg.dt > 0, seg.dt, 1.0)
+    for f in fields:
+        v = rows.ordered(t, f)
+        v0, v1 = v[:-1], v[1:]
+        ok = seg.valid & ~np.isnan(v0) & ~np.isnan(v1)
+        if f in INTEGRATED:
+            va = v0 + (v1 - v0) * (seg.a - seg.t0) / safe_dt
+            vb = v0 + (v1 - v0) * (seg.b - seg.t0) / safe_dt
+            cols[f"{f}_integral"] = seg.per_key_sum(ok, seg.clip / 1e9 * (va + vb) / 2)
+            cols[f"{f}_integral_s"] = seg.per_key_sum(ok, seg.clip / 1e9)
+            ramp = seg.per_key_max(ok & seg.inside, np.abs(v1 - v0) / (safe_dt / 1e9))
+            cols[f"{f}_ramp_max"] = (ramp, np.isfinite(ramp).astype(np.int64))
+        else:
+            d = v1 - v0
+            okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
+            cols[f"{f}_delta"] = seg.per_key_sum(okc, d * seg.clip / safe_dt)
+            cols[f"{f}_delta_s"] = seg.per_key_sum(ok, seg.clip / 1e9)
+    return cols
+
+
+def _add_steady_times(out: dict[tuple[str, str], dict[str, Any]], t: pa.Table, field: str, rows: _DeviceRows
+                      ) -> None:
+    """Per device: 1 s means of ``field``, then the time it takes to settle (signal.time_to_steady)."""
+    v = rows.ordered(t, field)
+    c, ts = rows.codes, rows.ts
+    bounds = np.r_[0, np.flatnonzero(~rows.same) + 1, len(c)]
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        vv, tt = v[lo:hi], ts[lo:hi]
+        ok = ~np.isnan(vv)
+        if not ok.any():
+            continue
+        sec = tt[ok] // 1_000_000_000
+        uniq, inv = np.unique(sec, return_inverse=True)
+        means = np.bincount(inv, weights=vv[ok]) / np.bincount(inv)
+        out[rows.keys[c[lo]]][f"{field}_steady_s"] = time_to_steady(uniq.astype(np.float64), means)
