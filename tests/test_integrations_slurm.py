@@ -71,7 +71,7 @@ def test_a_failing_task_fails_the_run(slurm_conf, tmp_path):
 
 
 def test_only_a_multi_task_srun_step_counts_as_tasks():
-    from powertrain.monitor import slurm_task
+    from powertrain.slurm_tasks import slurm_task
 
     assert slurm_task({}) is None
     assert slurm_task({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "8"}) is None  # batch script

@@ -14,19 +14,22 @@
 file, stops the sampler, compacts what it wrote and records in ``run.json`` how the run ended. :func:`run_command` does the same around a child process (what
 ``powertrain monitor -- CMD`` calls), passing its output through to the terminal and into
 ``logs/``, forwarding Ctrl-C / SIGTERM once, and returning its exit code.
+
+Around the lifecycle: :mod:`powertrain.supervise` runs the command (output, signals, exit code),
+:mod:`powertrain.slurm_tasks` coordinates the tasks of an ``srun`` step, and
+:mod:`powertrain.shared_fs` waits for files other nodes write into the run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import importlib.metadata
+import logging
 import os
 import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,9 +38,13 @@ from typing import IO, Any
 
 from powertrain import hooks
 from powertrain.schema import TELEMETRY_FIELDS
-from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
+from powertrain.shared_fs import wait_for_file
+from powertrain.store.rundir import RunDir, default_host, read_json
 from powertrain.store.tables import finalize_run_streams
+from powertrain.supervise import outcome, signal_reason, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
+
+log = logging.getLogger(__name__)
 
 # Quantities people look for, and the telemetry fields that carry them.
 QUANTITIES: dict[str, tuple[str, ...]] = {
@@ -59,12 +66,9 @@ class MonitorError(RuntimeError):
 
 def wait_for_shared_file(path: Path, timeout_s: float, what: str) -> None:
     """Wait for a file another process (possibly on another node) writes into the run directory."""
-    deadline = time.monotonic() + timeout_s
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise MonitorError(f"{path}: {what} did not appear within {timeout_s:.0f} s "
-                               "(shared filesystem assumed: is --out on a folder every node sees?)")
-        time.sleep(0.05)
+    if not wait_for_file(path, timeout_s):
+        raise MonitorError(f"{path}: {what} did not appear within {timeout_s:.0f} s "
+                           "(shared filesystem assumed: is --out on a folder every node sees?)")
 
 
 def _iso(t_ns: int | None) -> str | None:
@@ -81,15 +85,6 @@ def _versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
     return out
-
-
-def _signal_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class Monitor:
@@ -226,8 +221,14 @@ class Monitor:
         if code is None:
             return True
         if self.sampler_death is None:
-            self.sampler_death = f"telemetry sampler (pid {self.sampler.pid}) {_signal_reason(code)}"
+            self.sampler_death = f"telemetry sampler (pid {self.sampler.pid}) {signal_reason(code)}"
         return False
+
+    def warn_if_sampler_died(self) -> None:
+        """While a command runs: say once that the sampler died (the command keeps going; the run is
+        marked failed when it ends)."""
+        if self.sampler_death is None and not self.check_sampler():
+            log.warning("powertrain: %s; the command keeps running", self.sampler_death)
 
     def _stop_sampler(self) -> None:
         if self.sampler is None:
@@ -365,208 +366,13 @@ def run_command(
                   warmup_steps=warmup_steps)
     mon.start()
     try:
-        code, received = _supervise(argv, mon.run, mon, "command", echo=echo, on_output=on_output, env=env)
+        code, received = supervise(argv, mon.run, "command", echo=echo, on_output=on_output, env=env,
+                                   on_tick=mon.warn_if_sampler_died)
     except OSError as exc:
         mon.stop("failed", f"could not start the command: {exc}", exit_code=127)
         return 127, mon.info
     if on_exit is not None:
         on_exit()
-    status, reason = _outcome(code, received)
+    status, reason = outcome(code, received)
     info = mon.stop(status, reason, exit_code=code)
     return code, info
-
-
-def _supervise(argv: Sequence[str], run: RunDir, mon: Monitor | None, log_name: str, *, echo: bool,
-               on_output: Callable[[bytes, str], None] | None, env: Mapping[str, str] | None
-               ) -> tuple[int, list[int]]:
-    """Run ``argv`` to its end with output pumped to ``logs/<log_name>.std{out,err}``; returns its exit
-    code and the signals forwarded to it. Raises ``OSError`` when it cannot be started."""
-    logs = run.logs_dir
-    child_env = {**os.environ, "POWERTRAIN_RUN_DIR": str(run.path.resolve()), **(env or {})}
-    child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0,
-                             env=child_env)
-    pumps = [
-        threading.Thread(target=_pump, args=(child.stdout, logs / f"{log_name}.stdout",
-                                             sys.stdout.buffer if echo else None, on_output, "stdout"),
-                         daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, logs / f"{log_name}.stderr",
-                                             sys.stderr.buffer if echo else None, on_output, "stderr"),
-                         daemon=True),
-    ]
-    for t in pumps:
-        t.start()
-
-    received: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        if not received:
-            received.append(signum)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        kill_at: float | None = None
-        while True:
-            try:
-                code = child.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if mon is not None and mon.sampler_death is None and not mon.check_sampler():
-                # Keep the user's job going; the run is marked failed at the end.
-                print(f"powertrain: {mon.sampler_death}; the command keeps running", file=sys.stderr)
-            if received and kill_at is None:
-                kill_at = time.monotonic() + 10.0
-            if kill_at is not None and time.monotonic() > kill_at:
-                os.killpg(child.pid, signal.SIGKILL)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    for t in pumps:
-        t.join(timeout=5)
-    return code, received
-
-
-def _outcome(code: int, received: list[int]) -> tuple[str, str | None]:
-    if received:
-        return "failed", f"interrupted ({signal.Signals(received[0]).name}); command {_signal_reason(code)}"
-    if code != 0:
-        return "failed", f"command {_signal_reason(code)}"
-    return "ok", None
-
-
-# -- several tasks per node (srun -n N powertrain monitor ...) ------------------------------------
-TASK_WAIT_S = 300.0
-
-
-def slurm_task(environ: Mapping[str, str] | None = None) -> dict[str, int] | None:
-    """This process's place in a Slurm job step with more than one task, or ``None``.
-
-    Read from ``SLURM_STEP_NUM_TASKS`` (set by ``srun`` for its tasks, not in a batch script),
-    ``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_STEP_NUM_NODES``.
-    """
-    e = os.environ if environ is None else environ
-    try:
-        ntasks = int(e["SLURM_STEP_NUM_TASKS"])
-        task = {"ntasks": ntasks, "procid": int(e["SLURM_PROCID"]), "localid": int(e["SLURM_LOCALID"]),
-                "nnodes": int(e.get("SLURM_STEP_NUM_NODES") or e.get("SLURM_NNODES") or 1)}
-    except (KeyError, ValueError):
-        return None
-    return task if ntasks > 1 else None
-
-
-def _task_marker(run: RunDir, procid: int) -> Path:
-    return run.logs_dir / f"task-{procid}.exit.json"
-
-
-def _wait_tasks(run: RunDir, ntasks: int, timeout_s: float) -> tuple[dict[int, dict[str, Any]], list[int]]:
-    """Exit records of every task (shared filesystem), waiting up to ``timeout_s``; and the missing."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = {i: read_json(_task_marker(run, i)) for i in range(ntasks) if _task_marker(run, i).is_file()}
-        missing = [i for i in range(ntasks) if i not in done]
-        if not missing or time.monotonic() > deadline:
-            return done, missing
-        time.sleep(0.1)
-
-
-def _wait_node_samplers(run: RunDir, nnodes: int, timeout_s: float = 30.0) -> None:
-    """Give the other nodes' samplers time to write their final meta before the run is closed."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        metas = [read_json(m) for m in run.telemetry_dir.glob("*.meta.json")]
-        if sum(1 for m in metas if m.get("finished")) >= nnodes - 1:
-            return
-        time.sleep(0.1)
-
-
-def run_task_command(
-    argv: Sequence[str],
-    out: str | os.PathLike[str],
-    task: Mapping[str, int],
-    *,
-    rate_hz: float = DEFAULT_RATE_HZ,
-    backends: Sequence[str] | str = "auto",
-    echo: bool = True,
-    on_output: Callable[[bytes, str], None] | None = None,
-    prometheus: str | None = None,
-    task_wait_s: float = TASK_WAIT_S,
-    on_exit: Callable[[], None] | None = None,
-    warmup_steps: int = 0,
-) -> tuple[int, dict[str, Any]]:
-    """One task of ``srun -n N powertrain monitor --out DIR -- CMD``: one run, one sampler per node.
-
-    Task 0 (``SLURM_PROCID=0``) creates the run and samples its node; the first task of every other
-    node (``SLURM_LOCALID=0``) only starts its node's sampler (:meth:`Monitor.attach`); the remaining
-    tasks only run the command. Every task runs ``CMD`` with ``$POWERTRAIN_RUN_DIR`` and, where
-    unset, ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm, logs to ``logs/task-<i>.std*``
-    and leaves ``logs/task-<i>.exit.json``; samplers run until every task has ended. DIR must be on
-    a filesystem every node shares. Returns this task's exit code and (task 0) the final ``run.json``.
-    ``warmup_steps`` is recorded by task 0 (see :func:`run_command`).
-    """
-    if not argv:
-        raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
-    procid, localid, ntasks = task["procid"], task["localid"], task["ntasks"]
-    env = {k: str(v) for k, v in (("RANK", procid), ("LOCAL_RANK", localid), ("WORLD_SIZE", ntasks))
-           if k not in os.environ}
-    mon: Monitor | None = None
-    run = RunDir(out)
-    if procid == 0:
-        mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus,
-                      warmup_steps=warmup_steps)
-        mon.start()
-        mon.info["slurm"] = {"tasks": ntasks, "nodes": task.get("nnodes", 1),
-                             "job_id": os.environ.get("SLURM_JOB_ID")}
-        mon.run.write(mon.info)
-    elif localid == 0:
-        mon = Monitor(out, rate_hz=rate_hz, backends=backends, prometheus=prometheus).attach(task_wait_s)
-    else:
-        wait_for_shared_file(run.run_json, task_wait_s, "the run.json of task 0")
-    try:
-        code, received = _supervise(argv, run, mon, f"task-{procid}", echo=echo, on_output=on_output, env=env)
-    except OSError as exc:
-        print(f"powertrain: task {procid} could not start the command: {exc}", file=sys.stderr)
-        code, received = 127, []
-    if on_exit is not None:
-        on_exit()
-    write_json_atomic(_task_marker(run, procid), {"procid": procid, "localid": localid, "host": default_host(),
-                                                  "exit_code": code, "end_ns": time.time_ns()})
-    if mon is None:
-        return code, {}
-    done, missing = _wait_tasks(run, ntasks, task_wait_s)
-    if procid != 0:
-        mon.detach()
-        return code, {}
-    if task.get("nnodes", 1) > 1:
-        _wait_node_samplers(run, task["nnodes"])
-    status, reason = _outcome(code, received)
-    failed = [f"task {i} exited with code {d.get('exit_code')}" for i, d in sorted(done.items())
-              if d.get("exit_code") not in (0, None) and i != 0]
-    if missing:
-        failed.append(f"tasks {missing} left no exit record within {task_wait_s:.0f} s")
-    if failed:
-        status, reason = "failed", "; ".join(filter(None, [reason, *failed]))
-    return code, mon.stop(status, reason, exit_code=code)
-
-
-def _pump(src: IO[bytes] | None, dest: Path, echo: IO[bytes] | None,
-          on_output: Callable[[bytes, str], None] | None = None, stream: str = "stdout") -> None:
-    if src is None:
-        return
-    with open(dest, "ab") as f:
-        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
-            f.write(chunk)
-            f.flush()
-            if on_output is not None:
-                try:
-                    on_output(chunk, stream)
-                except Exception as exc:  # a parser bug must not stall the user's command
-                    print(f"powertrain: output parser failed ({exc!r}); parsing stops", file=sys.stderr)
-                    on_output = None
-            if echo is not None:
-                try:
-                    echo.write(chunk)
-                    echo.flush()
-                except (OSError, ValueError):
-                    echo = None

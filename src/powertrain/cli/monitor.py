@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from powertrain.cli import app
-from powertrain.monitor import MonitorError, run_command, run_task_command, slurm_task
+from powertrain.monitor import MonitorError, run_command
+from powertrain.slurm_tasks import run_task_command, slurm_task
 from powertrain.store.tables import read_telemetry
 from powertrain.telemetry.quicklook import per_device
 

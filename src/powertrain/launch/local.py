@@ -48,7 +48,8 @@ from typing import IO, Any
 
 from powertrain import hooks
 from powertrain.hardware import is_cpu_name, record_host_probe
-from powertrain.monitor import Monitor, _wait_node_samplers, wait_for_shared_file
+from powertrain.monitor import Monitor, wait_for_shared_file
+from powertrain.shared_fs import wait_node_samplers
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
@@ -377,7 +378,7 @@ def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: 
     """Owner: wait for the other nodes' exit records, fill in their hosts, fail the run if one failed."""
     run = mon.run
     done = _wait_nodes(run, nnodes, NODE_WAIT_S)
-    _wait_node_samplers(run, nnodes)
+    wait_node_samplers(run, nnodes)
     hosts: list[str | None] = []
     for r in range(nnodes):
         try:
