@@ -89,10 +89,10 @@ def parse_step_line(engine: str, line: str) -> dict[str, Any] | None:
     elif engine == "nemo":
         if "train_step_timing in s" not in line:
             return None
-        ms, mt = _NEMO_STEP.search(line), _NEMO_TIMING.search(line)
-        if ms and mt:  # NeMo 1 progress bar
+        m_step, m_time = _NEMO_STEP.search(line), _NEMO_TIMING.search(line)
+        if m_step and m_time:  # NeMo 1 progress bar
             loss, samples = _NEMO_LOSS.search(line), _NEMO_SAMPLES.search(line)
-            out.update(step=int(float(ms.group(1))), step_time_s=float(mt.group(1)),
+            out.update(step=int(float(m_step.group(1))), step_time_s=float(m_time.group(1)),
                        loss=float(loss.group(1)) if loss else None,
                        consumed_samples=float(samples.group(1)) if samples else None)
         else:  # NeMo 2 ProgressPrinter: "| key: value |" pairs

@@ -66,7 +66,7 @@ def layer_flops_per_token(s: Shape) -> LayerFlops:
     mats = 3 if s.gated else 2
     if s.experts > 1:
         dense = attn_proj + 2 * mats * h * s.ffn * s.shared_experts + 2 * h * s.experts
-        expert = 2 * mats * h * s.moe_ffn * s.top_k
+        expert: float = 2 * mats * h * s.moe_ffn * s.top_k
     else:
         dense = attn_proj + 2 * mats * h * s.ffn
         expert = 0.0

@@ -149,11 +149,13 @@ class LiveStepParser:
         n = self._count.get(rank, 0)
         self._count[rank] = n + 1
         rec.set_window("warmup" if n < self.warmup_steps else "measured")
-        row = {"kind": kind, "name": name, "step": step, "t_start_ns": t_end - dur_ns, "t_end_ns": t_end,
-               "tokens": tokens, "samples": samples, "loss": fields.get("loss"),
-               "mem_peak_bytes": int(mem * (1 << 30)) if mem is not None else None}
-        rec.record(kind, row["t_start_ns"], t_end, name=name, step=step, tokens=tokens, samples=samples,
-                   loss=row["loss"], mem_peak_bytes=row["mem_peak_bytes"], attrs=attrs)
+        t_start = t_end - dur_ns
+        loss = fields.get("loss")
+        mem_bytes = int(mem * (1 << 30)) if mem is not None else None
+        row = {"kind": kind, "name": name, "step": step, "t_start_ns": t_start, "t_end_ns": t_end,
+               "tokens": tokens, "samples": samples, "loss": loss, "mem_peak_bytes": mem_bytes}
+        rec.record(kind, t_start, t_end, name=name, step=step, tokens=tokens, samples=samples,
+                   loss=loss, mem_peak_bytes=mem_bytes, attrs=attrs)
         self.steps += 1
         return {**row, "rank": rank, "window": rec.window, "attrs": attrs}
 
