@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The NVIDIA telemetry path end to end on one real GPU (issue 2, deliverable 6). Not part of .ci/run.
 #
-#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [-- ARGS for python -m powertrain.telemetry.gpu_check]
+#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [-- ARGS for python -m powertrain.launch.gpu_check]
 #
 # Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then checks
 # that power rises well above idle, the energy counter agrees with the integral of power within 5 %,
@@ -90,7 +90,7 @@ fi
 
 echo "gpu_check: using $py ($("$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
 set +e
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.telemetry.gpu_check --out "$out" ${extra[@]+"${extra[@]}"}
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.launch.gpu_check --out "$out" ${extra[@]+"${extra[@]}"}
 rc=$?
 set -e
 case $rc in

@@ -313,7 +313,7 @@ class _BurningNvml(FakeNvml):
 
 def test_gpu_check_analysis_on_a_scripted_burn(tmp_path):
     """Rehearse scripts/gpu_check.sh's checks on sampler output from a stand-in GPU (no torch, no GPU)."""
-    from powertrain.telemetry.gpu_check import Phases, evaluate
+    from powertrain.launch.gpu_check import Phases, evaluate
 
     nvml = _BurningNvml()
     backend = NvidiaBackend(nvml=nvml)

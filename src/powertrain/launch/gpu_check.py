@@ -2,7 +2,7 @@
 
 ::
 
-    python -m powertrain.telemetry.gpu_check --out runs/gpu-check
+    python -m powertrain.launch.gpu_check --out runs/gpu-check
 
 It starts :class:`powertrain.Monitor` with the NVIDIA and host backends at 20 Hz, records ``--idle``
 seconds of idle, runs a bf16 matmul burn on one GPU for ``--burn`` seconds, records ``--idle`` seconds
@@ -237,7 +237,7 @@ def _markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m powertrain.telemetry.gpu_check",
+    ap = argparse.ArgumentParser(prog="python -m powertrain.launch.gpu_check",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for the run and the report (created)")
     ap.add_argument("--idle", type=float, default=10.0, help="idle seconds before and after the burn (10)")
@@ -300,7 +300,7 @@ def _run(args: argparse.Namespace) -> int:
 
     info = read_json(run_dir / "run.json")
     label = _gpu_label(info.get("devices", []), uuid, args.device)
-    gpu = next((d for d in info.get("devices", []) if d.get("device") == label), {})
+    gpu: dict[str, Any] = next((d for d in info.get("devices", []) if d.get("device") == label), {})
     rows = [r for r in read_telemetry(run_dir).to_pylist() if r["device"] == label]
     phases = Phases(t_idle0, burn["t_start_ns"], burn["t_end_ns"], t_idle1)
     incidents = [i for i in info.get("incidents", []) if i.get("device") in (label, "*")]
