@@ -62,6 +62,23 @@ def test_bad_user_yaml_says_what_is_missing(tmp_path) -> None:
 
 def test_cpu_is_measured_and_labelled() -> None:
     cpu = measure_cpu()
-    assert cpu.measured and cpu.source.startswith("measured")
+    assert not cpu.has_power_sensor and cpu.transport == "gloo" and cpu.source.startswith("measured")
     assert cpu.peak("fp32") > 1e8 and cpu.memory_bw > 1e8
     assert get_device("cpu") is cpu
+
+
+def test_user_yaml_says_sensor_and_transport_and_the_old_key_still_reads(tmp_path) -> None:
+    base = yaml.safe_load(CATALOG_FILE.read_text())["devices"]["h100-sxm"]
+    f = tmp_path / "mine.yaml"
+    f.write_text(yaml.safe_dump({"devices": {
+        "new": {**base, "has_power_sensor": False, "transport": "gloo"},
+        "old": {**base, "measured": True},  # the key before has_power_sensor/transport: same meaning
+        "plain": base,
+    }}))
+    cat = load_catalog([f])
+    for name in ("new", "old"):
+        assert not cat[name].has_power_sensor and cat[name].transport == "gloo"
+    assert cat["plain"].has_power_sensor and cat["plain"].transport == "nccl"
+    f.write_text(yaml.safe_dump({"devices": {"bad": {**base, "transport": "mpi"}}}))
+    with pytest.raises(ValueError, match="transport 'mpi'"):
+        load_catalog([f])

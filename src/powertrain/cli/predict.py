@@ -65,7 +65,7 @@ def predict_cmd(
 
     if hardware:
         os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
-        from powertrain.hardware import _default_catalog
+        from powertrain.hardware.catalog import _default_catalog
 
         _default_catalog.cache_clear()
     try:

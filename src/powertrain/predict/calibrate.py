@@ -186,7 +186,7 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
         raise ValueError("calibration needs at least one measured run")
     prof = base if isinstance(base, Profile) else load_profile(base)
     multi = any(r.case.world > 1 for r in runs)
-    cpu = all(r.case.device.measured for r in runs)
+    cpu = all(r.case.device.transport == "gloo" for r in runs)
     chosen = list(params or (STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI))
     chosen = [_gemm_key(runs[0].case) if p == "gemm_eff" else p for p in chosen]
     unknown = [p for p in chosen if p not in COEFFICIENT_NAMES]

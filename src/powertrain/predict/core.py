@@ -142,7 +142,7 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
         model_flops_per_step=mflops, mfu=mflops / t / (world * peak), hfu=hflops / t / (world * peak),
         mem_per_device_bytes=mem_total,
     )
-    if dev.measured:
+    if not dev.has_power_sensor:
         reason = f"{dev.name}: no power or temperature sensor to model it from (catalog values are nominal)"
         for k in ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "energy_j", "j_per_token",
                   "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c", "temp_peak_c",
@@ -162,7 +162,8 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
             throttle_share=sum(len(s.slots) for s in slots if s.throttled) / dpn,
         )
     raw = (case, st, mem_bd, fits, clock, thermal_clock,
-           None if dev.measured else energy + c.host_w_per_node * case.nodes * t, None if dev.measured else slots)
+           energy + c.host_w_per_node * case.nodes * t if dev.has_power_sensor else None,
+           slots if dev.has_power_sensor else None)
     if not fits:
         why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "
                        "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")

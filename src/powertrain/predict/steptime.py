@@ -145,7 +145,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     if tp > 1:
         bw, lat = _link(case, c, 1, tp)
         t_tp_f = 2 * _ring(ab * n_tok * h, tp, bw, lat)
-        if dev.measured:
+        if dev.transport == "gloo":
             # gloo on a host CPU: each collective call also pays a rendezvous round trip, and sequence
             # parallelism makes twice the calls (all-gather + reduce-scatter for each all-reduce)
             t_tp_f += 2 * (2 if sp else 1) * GLOO_CALL_LATENCIES * lat

@@ -1,0 +1,281 @@
+"""The hardware catalog: what a device and its node can do, from vendor data sheets.
+
+One source of truth for peak FLOP/s per precision, memory, bandwidths, power and thermal limits.
+The catalog is data (``catalog.yaml`` next to this file, every value with its ``source:``); users
+add or override devices with their own YAML files of the same shape (``load_catalog(extra=...)``
+or ``$POWERTRAIN_HARDWARE``, colon-separated paths). The ``cpu`` entry is not looked up but
+measured by a host probe (:func:`~powertrain.hardware.host_probe.probe_host`) and labelled
+``measured``: :func:`cpu_device` makes one rank's share of it a device (no power sensor; its ranks
+talk through gloo).
+
+Conventions: FLOP/s are dense (no structured sparsity); bandwidths are per device per direction.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from powertrain.hardware.host_probe import HostProbe, probe_host, rank_threads
+
+CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+TRANSPORTS = ("nccl", "gloo")  # collective libraries the model knows (RCCL is NCCL's AMD port: "nccl")
+# Where a device lacks a format, the next wider one it has runs the work.
+_FALLBACK = {"fp4": ("fp4", "fp8", "bf16", "fp16", "fp32"), "fp8": ("fp8", "bf16", "fp16", "fp32"),
+             "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32"),
+             "fp32": ("fp32",)}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """The node a device usually sits in.
+
+    ``nvlink_domain`` is how many devices share the fast link (72 for an NVL72 rack; the node
+    otherwise). Collectives among devices of one domain use ``intra_node_bw``; others cross NICs.
+    """
+
+    devices_per_node: int
+    intra_node_bw: float  # bytes/s per device per direction
+    intra_node_latency: float  # s
+    nic_count: int
+    nic_bw: float  # bytes/s per NIC per direction
+    inter_node_latency: float  # s
+    nvlink_domain: int
+    source: str = ""
+
+    @property
+    def inter_node_bw_per_device(self) -> float:
+        """NIC bandwidth available to one device when every device of the node sends at once."""
+        return self.nic_count * self.nic_bw / self.devices_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalSpec:
+    """First-order thermal model defaults (not data-sheet values; fit them from a run)."""
+
+    inlet_c: float
+    r_c_per_w: float
+    tau_s: float
+    rear_preheat_c_per_kw: float
+    rear_slots_of_8: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One device type. ``peak_flops`` maps precision → dense FLOP/s (absent = not supported)."""
+
+    name: str
+    vendor: str
+    peak_flops: dict[str, float]
+    memory_bytes: float
+    memory_bw: float  # bytes/s
+    tdp_w: float  # default power limit
+    idle_w: float
+    power_at_peak_w: float  # draw at full clocks on dense GEMMs (≥ tdp_w for power-capped SKUs)
+    slowdown_c: float | None
+    node: NodeSpec
+    thermal: ThermalSpec
+    cooling: str = "air"
+    source: str = ""
+    note: str = ""
+    # False: nothing reads this device's power or temperature (a host CPU), so the model predicts none
+    has_power_sensor: bool = True
+    # the collective library its ranks talk through: "nccl" (GPUs; RCCL on AMD) or "gloo" (host CPUs),
+    # whose every call also pays a rendezvous round trip
+    transport: str = "nccl"
+    aliases: tuple[str, ...] = field(default=())
+    probe: HostProbe | None = None  # the host probe a measured (CPU) device was built from
+
+    @property
+    def is_host_cpu(self) -> bool:
+        """A host CPU standing in for a device (no CUDA context, no power or temperature sensor)."""
+        return self.vendor == "host"
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s for ``precision``; falls back to the nearest wider format the device has.
+
+        fp8 on a device without fp8 runs at 16-bit rate, fp16 on a device without it at bf16/fp32.
+        """
+        for p in _FALLBACK.get(precision, (precision, "fp32")):
+            v = self.peak_flops.get(p)
+            if v:
+                return v
+        raise KeyError(f"device {self.name} has no peak FLOP/s for {precision} (or fp32)")
+
+
+def _node(raw: dict[str, Any], where: str) -> NodeSpec:
+    try:
+        dpn = int(raw["devices_per_node"])
+        return NodeSpec(
+            devices_per_node=dpn,
+            intra_node_bw=float(raw["intra_node_bw_gb_s"]) * 1e9,
+            intra_node_latency=float(raw.get("intra_node_latency_us", 3.0)) * 1e-6,
+            nic_count=int(raw["nic_count"]),
+            nic_bw=float(raw["nic_gbit_s"]) * 1e9 / 8,
+            inter_node_latency=float(raw.get("inter_node_latency_us", 5.0)) * 1e-6,
+            nvlink_domain=int(raw.get("nvlink_domain", dpn)),
+            source=str(raw.get("source", "")),
+        )
+    except KeyError as exc:
+        raise ValueError(f"{where}: node entry lacks {exc.args[0]!r} (see hardware/catalog.yaml for the keys)") from None
+
+
+def _thermal(raw: dict[str, Any]) -> ThermalSpec:
+    return ThermalSpec(
+        inlet_c=float(raw["inlet_c"]), r_c_per_w=float(raw["r_c_per_w"]), tau_s=float(raw["tau_s"]),
+        rear_preheat_c_per_kw=float(raw.get("rear_preheat_c_per_kw", 0.0)),
+        rear_slots_of_8=tuple(int(s) for s in raw.get("rear_slots_of_8", ())),
+    )
+
+
+def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], where: str) -> DeviceSpec:
+    required = ("peak_tflops", "memory_gb", "memory_bw_gb_s", "tdp_w", "node")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ValueError(f"{where}: device {name!r} lacks {', '.join(missing)} (see hardware/catalog.yaml)")
+    peaks = {k: float(v) * 1e12 for k, v in raw["peak_tflops"].items() if v is not None}
+    cooling = str(raw.get("cooling", "air"))
+    th = raw.get("thermal")
+    return DeviceSpec(
+        name=name,
+        vendor=str(raw.get("vendor", "unknown")),
+        peak_flops=peaks,
+        # Data sheets' HBM "GB" are GiB in practice (an "80 GB" H100 shows 81,559 MiB); the driver
+        # reserves a little, so usable memory is taken as 99% of that.
+        memory_bytes=float(raw["memory_gb"]) * 2**30 * 0.99,
+        memory_bw=float(raw["memory_bw_gb_s"]) * 1e9,
+        tdp_w=float(raw["tdp_w"]),
+        idle_w=float(raw.get("idle_w", 0.1 * float(raw["tdp_w"]))),
+        power_at_peak_w=float(raw.get("power_at_peak_w", raw["tdp_w"])),
+        slowdown_c=float(raw["slowdown_c"]) if raw.get("slowdown_c") is not None else None,
+        node=_node(raw["node"], f"{where}: {name}"),
+        thermal=_thermal(th) if th else thermal.get(cooling, thermal["air"]),
+        cooling=cooling,
+        source=str(raw.get("source", "")),
+        note=str(raw.get("note", "")),
+        **_sensor_and_transport(raw, f"{where}: device {name!r}"),
+        aliases=tuple(str(a) for a in raw.get("aliases", ())),
+    )
+
+
+def _sensor_and_transport(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """``has_power_sensor`` and ``transport`` of a device entry.
+
+    The old key ``measured: true`` (before these two existed) still reads as what it meant: no power
+    sensor, collectives through gloo; the new keys win where both are given.
+    """
+    old = bool(raw.get("measured", False))
+    transport = str(raw.get("transport", "gloo" if old else "nccl"))
+    if transport not in TRANSPORTS:
+        raise ValueError(f"{where}: transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
+    return {"has_power_sensor": bool(raw.get("has_power_sensor", not old)), "transport": transport}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"hardware file {path} does not exist") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("devices", {}), dict):
+        raise ValueError(f"{path}: expected a mapping with a `devices:` mapping (see hardware/catalog.yaml)")
+    return raw
+
+
+def load_catalog(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[str, DeviceSpec]:
+    """All devices: the shipped catalog, then $POWERTRAIN_HARDWARE files, then ``extra`` (later wins)."""
+    paths: list[Path] = [CATALOG_FILE]
+    env = os.environ.get("POWERTRAIN_HARDWARE", "")
+    paths += [Path(p) for p in env.split(":") if p]
+    paths += [Path(p) for p in extra]
+    base = _read(CATALOG_FILE)
+    thermal = {k: _thermal(v) for k, v in base.get("thermal", {}).items()}
+    out: dict[str, DeviceSpec] = {}
+    for path in paths:
+        raw = _read(path)
+        thermal.update({k: _thermal(v) for k, v in raw.get("thermal", {}).items()})
+        for name, dev in raw.get("devices", {}).items():
+            out[str(name)] = _device(str(name), dev, thermal, str(path))
+    return out
+
+
+@cache
+def _default_catalog() -> dict[str, DeviceSpec]:
+    return load_catalog()
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+def is_cpu_name(name: str | None) -> bool:
+    """Whether a device name means the host CPU (case and punctuation ignored)."""
+    return bool(name) and _norm(str(name)) == "cpu"
+
+
+def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> DeviceSpec:
+    """A device by catalog name or alias (case and punctuation ignored); ``cpu`` is measured here."""
+    if is_cpu_name(name):
+        return measure_cpu()
+    cat = catalog if catalog is not None else _default_catalog()
+    if name in cat:
+        return cat[name]
+    key = _norm(name)
+    for dev in cat.values():
+        if key == _norm(dev.name) or any(key == _norm(a) for a in dev.aliases):
+            return dev
+    raise KeyError(
+        f"unknown device {name!r}; known: {', '.join(sorted(cat))}, or cpu. "
+        "Add your own in a YAML file with the keys of hardware/catalog.yaml and pass it with --hardware"
+    )
+
+
+
+def cpu_device(probe: HostProbe, ranks_per_node: int = 1) -> DeviceSpec:
+    """One training rank's share of a probed host CPU, as a device.
+
+    Each rank runs ``probe.threads`` matmul threads; while the ranks' threads fit in the cores every
+    rank gets the probe's matmul rate, beyond that they share the cores evenly. The copy rate is one
+    thread's, as is a rank's elementwise work: ranks divide it only when they outnumber the cores.
+    Power and temperature values are placeholders the host cannot measure (no sensor): ``tdp_w`` is
+    a nominal 15 W per core.
+    """
+    ranks = max(1, ranks_per_node)
+    flops = probe.matmul_flops * min(1.0, probe.cores / (ranks * probe.threads))
+    bw = probe.copy_bytes_per_s * min(1.0, probe.cores / ranks)
+    try:
+        import psutil  # type: ignore[import-untyped]  # psutil ships no type information
+
+        mem = float(psutil.virtual_memory().total) / ranks
+    except Exception:  # psutil is a core dependency; this only guards odd containers
+        mem = 8e9 / ranks
+    tdp = 15.0 * probe.cores
+    node = NodeSpec(devices_per_node=ranks, intra_node_bw=bw / 4, intra_node_latency=20e-6, nic_count=1,
+                    nic_bw=10e9 / 8, inter_node_latency=50e-6, nvlink_domain=ranks,
+                    source="measured: shared-memory transport approximated as a quarter of copy bandwidth")
+    return DeviceSpec(
+        name="cpu", vendor="host",
+        peak_flops={"fp32": flops, "bf16": flops, "fp16": flops, "tf32": flops},
+        memory_bytes=mem, memory_bw=bw, tdp_w=tdp, idle_w=0.3 * tdp, power_at_peak_w=tdp, slowdown_c=None, node=node,
+        thermal=ThermalSpec(inlet_c=25.0, r_c_per_w=0.3, tau_s=30.0, rear_preheat_c_per_kw=0.0,
+                            rear_slots_of_8=()),
+        source=(f"measured ({probe.source}): fp32 matmul {probe.matmul_flops / 1e9:.1f} GFLOP/s, copy "
+                f"{probe.copy_bytes_per_s / 1e9:.1f} GB/s (one thread), {probe.threads} matmul thread(s); {ranks} rank(s) "
+                f"on {probe.cores} cores"),
+        note="power values are nominal (15 W/core), not measured: this host has no power sensor",
+        has_power_sensor=False,
+        transport="gloo",
+        probe=probe,
+    )
+
+
+@cache
+def measure_cpu(threads: int | None = None) -> DeviceSpec:
+    """This machine's CPU as one rank's device: a fresh :func:`probe_host` with ``threads``
+    (default: what a lone training rank would use)."""
+    return cpu_device(probe_host(threads or rank_threads(1)), 1)
