@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from powertrain.predict.calibrate import _nelder_mead
+from powertrain.predict.calibration import SHIPPED_DIR, Calibration, load_calibration, save_calibration
 from powertrain.predict.core import predict
 from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
-from powertrain.predict.profile import SHIPPED_DIR, Profile, load_profile, save_profile
 from powertrain.predict.published import CALIBRATION_RUNS, PublishedRun, load_published
 
 DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
@@ -41,7 +41,7 @@ BOUNDS = {"gemm_eff_16": (0.3, 0.95), "gemm_eff_fp8": (0.2, 0.95), "gemm_eff_fp4
           "comm_eff_inter": (0.2, 1.0), "moe_layer_overhead_s": (1e-5, 0.02), "power_clock_exponent": (1.0, 3.0)}
 
 
-def prepare(path: Path, profile: Profile) -> tuple[list[PublishedRun], list[PublishedRun]]:
+def prepare(path: Path, profile: Calibration) -> tuple[list[PublishedRun], list[PublishedRun]]:
     runs = load_published(path)
     usable, skipped = [], []
     for r in runs:
@@ -54,7 +54,7 @@ def prepare(path: Path, profile: Profile) -> tuple[list[PublishedRun], list[Publ
     return usable, skipped
 
 
-def rel_errors(runs: list[PublishedRun], profile: Profile) -> list[float]:
+def rel_errors(runs: list[PublishedRun], profile: Calibration) -> list[float]:
     out = []
     for r in runs:
         tps = predict(r.case, profile).metrics["tokens_per_s_per_device"]
@@ -62,13 +62,13 @@ def rel_errors(runs: list[PublishedRun], profile: Profile) -> list[float]:
     return out
 
 
-def fit(runs: list[PublishedRun], profile: Profile) -> Profile:
+def fit(runs: list[PublishedRun], profile: Calibration) -> Calibration:
     """Refit FIT_PARAMS: mean |log error|, dense and MoE weighted equally, within physical bounds."""
     dense = [r for r in runs if r.arch != "moe"]
     moe = [r for r in runs if r.arch == "moe"]
     x0 = np.log([getattr(profile.coefficients, p) for p in FIT_PARAMS])
 
-    def make(x: np.ndarray) -> Profile:
+    def make(x: np.ndarray) -> Calibration:
         vals = {}
         for k, v in zip(FIT_PARAMS, x, strict=True):
             lo, hi = BOUNDS[k]
@@ -94,7 +94,7 @@ def table(title: str, groups: dict[str, list[float]]) -> None:
         print(f"{k:<34} {len(v):>5} {np.mean(np.abs(v)) * 100:>6.1f}% {np.mean(v) * 100:>+6.1f}%")
 
 
-def report(runs: list[PublishedRun], profile: Profile, skipped: list[PublishedRun]) -> dict[str, float]:
+def report(runs: list[PublishedRun], profile: Calibration, skipped: list[PublishedRun]) -> dict[str, float]:
     errs = rel_errors(runs, profile)
     by_src: dict[str, list[float]] = defaultdict(list)
     by_gpu: dict[str, list[float]] = defaultdict(list)
@@ -134,7 +134,7 @@ def report(runs: list[PublishedRun], profile: Profile, skipped: list[PublishedRu
     return out
 
 
-def cross_validate(path: Path, profile: Profile) -> None:
+def cross_validate(path: Path, profile: Calibration) -> None:
     runs, _ = prepare(path, profile)
     sources = sorted({r.source for r in runs})
     print("\nleave-one-source-out (fit on the other sources, score the held-out one):")
@@ -159,7 +159,7 @@ def main() -> int:
     if not _ARGS.file.is_file():
         print(f"calibration file {_ARGS.file} not found; pass --file", file=sys.stderr)
         return 2
-    profile = load_profile(_ARGS.profile)
+    profile = load_calibration(_ARGS.profile)
     runs, skipped = prepare(_ARGS.file, profile)
     if _ARGS.refit:
         print(f"refitting {len(FIT_PARAMS)} global coefficients on {len(runs)} runs …", flush=True)
@@ -171,7 +171,7 @@ def main() -> int:
             "throughput_mape_dense": round(res["dense_mape"], 4), "throughput_mape_moe": round(res["moe_mape"], 4),
             "validated_on": "powertrain/predict/data/calibration_runs.yaml (in-sample)",
             "metric": "tokens/s per GPU, mean absolute percentage error"})
-        out = save_profile(profile, SHIPPED_DIR / "default.yaml")
+        out = save_calibration(profile, SHIPPED_DIR / "default.yaml")
         print(f"saved {out}")
     if _ARGS.cross_validate:
         cross_validate(_ARGS.file, profile)

@@ -82,7 +82,7 @@ def main() -> int:
 
     import json
 
-    from powertrain.predict import collect_runs, fit_profile, predict
+    from powertrain.predict import collect_runs, fit_calibration, predict
 
     def finished(n: str) -> bool:
         f = args.dir / n / "run.json"
@@ -93,7 +93,7 @@ def main() -> int:
         print(f"missing calibration runs: {sorted(set(FIT) - have)}", file=sys.stderr)
         return 2
     runs = collect_runs([args.dir / n for n in FIT])
-    prof = fit_profile(runs, name="cpu-check")
+    prof = fit_calibration(runs, name="cpu-check")
     print(f"calibrated {', '.join(prof.error['fitted'])} on {', '.join(FIT)}: step-time error "
           f"{prof.error['step_time_mape_before']:.1%} → {prof.error['step_time_mape']:.1%}")
     co = prof.coefficients

@@ -19,7 +19,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from powertrain.predict import case_from_run_config, load_profile, predict
+from powertrain.predict import case_from_run_config, load_calibration, predict
 from powertrain.predict.study import predict_study, study_configs
 from powertrain.spec.run import RunConfig
 
@@ -42,7 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.0, help="time per workload")
     args = ap.parse_args()
-    prof = load_profile()
+    prof = load_calibration()
     configs = list(study_configs())
     cases = [case_from_run_config(c) for c in configs]
     raw = [c.model_dump() for c in configs[:100]]

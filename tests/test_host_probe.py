@@ -24,7 +24,7 @@ from powertrain.hardware import (
     record_host_probe,
 )
 from powertrain.predict import predict
-from powertrain.predict.profile import Profile, load_profile, save_profile
+from powertrain.predict.calibration import Calibration, load_calibration, save_calibration
 from powertrain.schema import EVENTS_SCHEMA
 from powertrain.spec.run import RunConfig
 from powertrain.store import RunDir
@@ -98,15 +98,15 @@ def test_summary_of_an_old_run_probes_afresh_and_says_so(tmp_path) -> None:
 def test_prediction_uses_the_profiles_probe_and_a_roundtrip_keeps_it(tmp_path) -> None:
     cfg = RunConfig(name="p", model="llama3-tiny", hardware={"nodes": 1, "devices_per_node": 2, "device": "cpu"},
                     knobs={"global_batch": 8, "micro_batch": 1, "precision": "fp32"})
-    prof = Profile(name="cpu-rec", host_probes=[{**RECORD, "how": "fixture"}])
-    path = save_profile(prof, tmp_path / "cpu-rec.yaml")
-    loaded = load_profile(str(path))
+    prof = Calibration(name="cpu-rec", host_probes=[{**RECORD, "how": "fixture"}])
+    path = save_calibration(prof, tmp_path / "cpu-rec.yaml")
+    loaded = load_calibration(str(path))
     assert loaded.host_probes == prof.host_probes
     bd = predict(cfg, loaded).breakdown
     assert bd["host_probe"]["matmul_flops"] == RECORD["matmul_flops"]
     assert bd["host_probe"]["source"].startswith("calibration profile 'cpu-rec'")
     # no probe for these threads in the profile: this host's kept probe, and the breakdown says so
-    assert predict(cfg, Profile()).breakdown["host_probe"]["source"].startswith("probe of this host measured")
+    assert predict(cfg, Calibration()).breakdown["host_probe"]["source"].startswith("probe of this host measured")
     assert cpu_device(HostProbe.from_dict(RECORD, "x"), 2).peak("fp32") == RECORD["matmul_flops"]
 
 
@@ -114,7 +114,7 @@ def test_a_profile_with_an_incomplete_probe_is_refused(tmp_path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text(json.dumps({"name": "bad", "host_probes": [{"threads": 1}]}))
     with pytest.raises(ValueError, match="matmul_flops"):
-        load_profile(str(f))
+        load_calibration(str(f))
 
 
 def test_the_host_probe_is_kept_so_later_processes_reuse_it(tmp_path, monkeypatch) -> None:

@@ -19,19 +19,19 @@ from powertrain.cli import app
 from powertrain.hardware import HostProbe, probe_host
 from powertrain.predict import (
     collect_runs,
-    fit_profile,
-    load_profile,
+    fit_calibration,
+    load_calibration,
     predict,
     read_measured_run,
     write_prediction,
 )
+from powertrain.predict.calibration import Calibration
 from powertrain.predict.case import case_from_run_config
-from powertrain.predict.profile import Profile
 from powertrain.schema import EVENTS_SCHEMA
 from powertrain.spec.run import RunConfig
 from powertrain.store import RunDir
 
-TRUTH = Profile(name="truth").with_coefficients(gemm_eff_fp32=0.22, layer_overhead_s=0.004, comm_eff_intra=0.3)
+TRUTH = Calibration(name="truth").with_coefficients(gemm_eff_fp32=0.22, layer_overhead_s=0.004, comm_eff_intra=0.3)
 # What the launcher records in run.json for a CPU run (powertrain.hardware.record_host_probe): one
 # lone rank runs the host's two threads, two ranks one thread each (torchrun's default).
 PROBES = {1: {"matmul_flops": 1.5e11, "copy_bytes_per_s": 2.0e10, "threads": 1, "cores": 2, "method": "fixture"},
@@ -100,7 +100,7 @@ def test_reads_step_time_as_the_slowest_rank_of_measured_steps(measured) -> None
 def test_calibrate_on_three_predicts_four_others_within_20_percent(measured) -> None:
     root, truth = measured
     train = collect_runs([root / "dp1", root / "dp2", root / "tp2"])
-    prof = fit_profile(train, name="cpu-test")
+    prof = fit_calibration(train, name="cpu-test")
     assert prof.error["step_time_mape"] < prof.error["step_time_mape_before"]
     assert prof.error["step_time_mape"] < 0.05
     for name in ("pp2", "dp1-mb4", "dp2-full", "tp2-sp"):
@@ -123,7 +123,7 @@ def test_cli_calibrate_then_predict_with_the_profile(measured, tmp_path, monkeyp
     assert res.exit_code == 0, res.output
     assert "MAPE" in res.output and (tmp_path / "profiles" / "cpu-x.yaml").is_file()
     assert "host probe kept for 1-thread ranks: fp32 matmul 150.0 GFLOP/s" in res.output
-    assert load_profile("cpu-x").error["n_runs"] == 3
+    assert load_calibration("cpu-x").error["n_runs"] == 3
     spec = tmp_path / "spec.yaml"
     spec.write_text(json.dumps(_cfg("pp2", 2, pp=2).model_dump(mode="json")))
     res = runner.invoke(app, ["predict", str(spec), "--profile", "cpu-x", "--out", str(tmp_path / "pred")])
@@ -147,7 +147,7 @@ def test_host_cpu_ranks_split_the_cores_and_gloo_pays_per_collective_call() -> N
     from dataclasses import replace
 
     from powertrain.hardware import cpu_device, get_device
-    from powertrain.predict.profile import Coefficients
+    from powertrain.predict.calibration import Coefficients
     from powertrain.predict.steptime import step_time
 
     one_thread = HostProbe.from_dict(PROBES[1], "fixture")
@@ -170,9 +170,9 @@ def test_host_cpu_ranks_split_the_cores_and_gloo_pays_per_collective_call() -> N
 def test_calibrating_the_same_runs_twice_gives_identical_coefficients(measured) -> None:
     root, _ = measured
     paths = [root / "dp1", root / "dp2", root / "tp2"]
-    first = fit_profile(collect_runs(paths), name="a")
+    first = fit_calibration(collect_runs(paths), name="a")
     probe_host.cache_clear()  # a second process would probe afresh: the runs' records must be what counts
-    second = fit_profile(collect_runs(paths), name="a")
+    second = fit_calibration(collect_runs(paths), name="a")
     assert first.coefficients == second.coefficients
     assert first.error["per_run"] == second.error["per_run"]
     # the profile keeps the probes it was fitted with: the runs' own records, per rank thread count
@@ -202,11 +202,11 @@ def test_predict_three_times_on_a_cpu_spec_gives_identical_step_times(measured, 
     import sys
     from pathlib import Path
 
-    from powertrain.predict.profile import save_profile
+    from powertrain.predict.calibration import save_calibration
 
     root, _ = measured
-    prof = fit_profile(collect_runs([root / "dp1", root / "dp2", root / "tp2"]), name="cpu-fixture")
-    path = save_profile(prof, tmp_path / "cpu-fixture.yaml")
+    prof = fit_calibration(collect_runs([root / "dp1", root / "dp2", root / "tp2"]), name="cpu-fixture")
+    path = save_calibration(prof, tmp_path / "cpu-fixture.yaml")
     spec = Path(__file__).resolve().parents[1] / "examples" / "cpu-sweep.yaml"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # 2 ranks: torchrun's 1 thread
     outs = []

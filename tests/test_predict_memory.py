@@ -96,8 +96,8 @@ def test_the_gpu_context_allowance_is_for_gpus_only() -> None:
     """A CPU "device" has no CUDA context or NCCL buffers: the fixed overhead is not added to it
     (the tiny CPU model once showed 2.4 GiB per device, all of it the GPU allowance)."""
     from powertrain.hardware import HostProbe, cpu_device
+    from powertrain.predict.calibration import Coefficients
     from powertrain.predict.case import case_from_run_config
-    from powertrain.predict.profile import Coefficients
 
     cfg = RunConfig(model="llama3-tiny", knobs={"global_batch": 8, "precision": "fp32"},
                     hardware={"nodes": 1, "devices_per_node": 2, "device": "cpu"})

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from powertrain.predict import load_profile, predict
+from powertrain.predict import load_calibration, predict
 from powertrain.predict.memory import least_recompute_that_fits
 from powertrain.predict.published import CALIBRATION_RUNS, load_published
 
@@ -45,7 +45,7 @@ def test_a_missing_file_names_the_fix(tmp_path) -> None:
 def test_default_profile_meets_the_published_accuracy_targets() -> None:
     """Model validation (what benchmarks/predict_accuracy.py prints): tokens/s per GPU of the
     published runs, dense within 12% and MoE within 20% mean absolute error."""
-    prof = load_profile("default")
+    prof = load_calibration("default")
     errs: dict[str, list[float]] = {"dense": [], "moe": []}
     for r in load_published():
         if r.skip or r.case is None:

@@ -8,7 +8,7 @@ import pytest
 
 from powertrain.hardware import get_device
 from powertrain.predict import METRIC_NAMES, Case, predict
-from powertrain.predict.profile import Coefficients
+from powertrain.predict.calibration import Coefficients
 from powertrain.predict.steptime import step_time
 
 C = Coefficients()

@@ -31,25 +31,25 @@ def calibrate_cmd(
 
     Example: powertrain calibrate results/cpu-sweep --name cpu-laptop
     """
-    from powertrain.predict.calibrate import collect_runs, fit_profile
-    from powertrain.predict.profile import save_profile
+    from powertrain.predict.calibrate import collect_runs, fit_calibration
+    from powertrain.predict.calibration import save_calibration
 
     try:
         measured = collect_runs(runs)
         if not measured:
             raise ValueError("no measured runs found (predictions and failed runs are skipped)")
-        prof = fit_profile(measured, name=name, base=base,
-                           params=[p.strip() for p in params.split(",")] if params else None)
+        cal = fit_calibration(measured, name=name, base=base,
+                              params=[p.strip() for p in params.split(",")] if params else None)
     except (FileNotFoundError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    path = save_profile(prof, output)
-    e = prof.error
+    path = save_calibration(cal, output)
+    e = cal.error
     out.print(f"fitted {', '.join(e['fitted'])} on {e['n_runs']} runs: step-time MAPE "
               f"{e['step_time_mape_before']:.1%} → {e['step_time_mape']:.1%}")
     for label, rel in e["per_run"].items():
         out.print(f"  {rel:+.1%}  {label}")
-    for rec in prof.host_probes:  # what the CPU coefficients are relative to; predictions reuse it
+    for rec in cal.host_probes:  # what the CPU coefficients are relative to; predictions reuse it
         out.print(f"host probe kept for {rec['threads']}-thread ranks: fp32 matmul {rec['matmul_flops'] / 1e9:.1f} GFLOP/s, "
                   f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
-    out.print(f"profile {prof.name!r} written to {path}")
+    out.print(f"profile {cal.name!r} written to {path}")

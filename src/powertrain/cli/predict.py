@@ -61,7 +61,7 @@ def predict_cmd(
     """
     import os
 
-    from powertrain.predict import load_profile, predict, write_prediction
+    from powertrain.predict import load_calibration, predict, write_prediction
 
     if hardware:
         os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
@@ -69,7 +69,7 @@ def predict_cmd(
 
         _default_catalog.cache_clear()
     try:
-        prof = load_profile(profile)
+        prof = load_calibration(profile)
     except (FileNotFoundError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -1,4 +1,4 @@
-"""Calibration: fit a profile's coefficients to measured runs and report the fit error.
+"""Calibration: fit a calibration's coefficients to measured runs and report the fit error.
 
 Measured runs come from run directories (``run.json`` with the resolved RunConfig under
 ``config`` or ``spec``; ``events/rank-*.parquet`` whose ``kind == "step"`` rows in the ``measured`` window
@@ -9,7 +9,7 @@ published runs.
 CPU runs: the peak a GEMM efficiency is relative to is the host probe the launcher recorded in
 ``run.json["host_probe"]`` before the ranks started; a run without one (made before probes were
 recorded) gets a fresh probe of the calibrating host, labelled so in its device's ``source``. The
-fitted profile keeps the probes (median per rank thread count) so predictions with it reuse them.
+fitted calibration keeps the probes (median per rank thread count) so predictions with it reuse them.
 
 The fit minimises the mean absolute log error of step time (and of mean power for the power
 coefficients, where measured) over a handful of named coefficients by Nelder–Mead in log space,
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from powertrain.hardware import HostProbe, is_cpu_name, probe_host, rank_threads
+from powertrain.predict.calibration import COEFFICIENT_NAMES, Calibration, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.core import predict
-from powertrain.predict.profile import COEFFICIENT_NAMES, Profile, load_profile
 
 STEP_PARAMS_1 = ("gemm_eff", "layer_overhead_s")
 STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
@@ -167,24 +167,24 @@ def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 
     return pts[int(np.argmin(vals))]
 
 
-def errors(runs: Sequence[MeasuredRun], profile: Profile) -> list[float]:
+def errors(runs: Sequence[MeasuredRun], calibration: Calibration) -> list[float]:
     """Signed relative step-time error (predicted/measured − 1) of each run."""
-    return [predict(r.case, profile).metrics["step_time_mean_s"] / r.step_time_s - 1 for r in runs]
+    return [predict(r.case, calibration).metrics["step_time_mean_s"] / r.step_time_s - 1 for r in runs]
 
 
 def mape(errs: Sequence[float]) -> float:
     return float(np.mean(np.abs(errs))) if errs else float("nan")
 
 
-def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | None = None,
-                params: Sequence[str] | None = None) -> Profile:
+def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | str | None = None,
+                params: Sequence[str] | None = None) -> Calibration:
     """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and, when
     any run is distributed, the intra-node link efficiency — or, for ranks sharing a host CPU, the
-    collective latency scale) to ``runs``; returns the new profile with
+    collective latency scale) to ``runs``; returns the new calibration with
     its fit error (``error.step_time_mape`` before and after, per run)."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
-    prof = base if isinstance(base, Profile) else load_profile(base)
+    cal = base if isinstance(base, Calibration) else load_calibration(base)
     multi = any(r.case.world > 1 for r in runs)
     cpu = all(r.case.device.transport == "gloo" for r in runs)
     chosen = list(params or (STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI))
@@ -194,11 +194,11 @@ def fit_profile(runs: Sequence[MeasuredRun], name: str, base: Profile | str | No
         raise ValueError(f"unknown coefficients {unknown}; known: {', '.join(COEFFICIENT_NAMES)}")
     if len(chosen) > len(runs):
         chosen = chosen[: len(runs)]
-    x0 = np.log([getattr(prof.coefficients, p) for p in chosen])
-    before = errors(runs, prof)
+    x0 = np.log([getattr(cal.coefficients, p) for p in chosen])
+    before = errors(runs, cal)
 
-    def make(x: np.ndarray) -> Profile:
-        return prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(chosen, x, strict=True)})
+    def make(x: np.ndarray) -> Calibration:
+        return cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(chosen, x, strict=True)})
 
     def objective(x: np.ndarray) -> float:
         p = make(x)
@@ -244,12 +244,12 @@ def fitted_probes(runs: Sequence[MeasuredRun]) -> list[dict[str, Any]]:
     return out
 
 
-def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:
+def _fit_power(runs: Sequence[MeasuredRun], cal: Calibration) -> Calibration:
     with_power = [r for r in runs if r.power_mean_w]
-    x0 = np.log([getattr(prof.coefficients, p) for p in POWER_PARAMS])
+    x0 = np.log([getattr(cal.coefficients, p) for p in POWER_PARAMS])
 
     def objective(x: np.ndarray) -> float:
-        p = prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, x, strict=True)})
+        p = cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, x, strict=True)})
         out = []
         for r in with_power:
             pw = predict(r.case, p).metrics["power_mean_w"]
@@ -257,4 +257,4 @@ def _fit_power(runs: Sequence[MeasuredRun], prof: Profile) -> Profile:
         return float(np.mean(out))
 
     best = _nelder_mead(objective, x0, iters=200)
-    return prof.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, best, strict=True)})
+    return cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, best, strict=True)})

@@ -71,7 +71,7 @@ class Case:
     power_limit_w: float | None = None
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
-    moe_imbalance: float | None = None  # None: the profile's default
+    moe_imbalance: float | None = None  # None: the calibration's default
     # hardware
     device: DeviceSpec = field(default_factory=lambda: get_device("h100-sxm"))
     nodes: int = 1
@@ -96,36 +96,28 @@ class Case:
         """Micro-batches per step per pipeline (gradient-accumulation steps)."""
         return max(1, self.global_batch // (self.micro_batch * self.dp))
 
-    def domain(self) -> int:
-        """Devices that share the fast intra-node link (node, or NVLink domain if larger)."""
-        return self._domain
-
-    def crosses_nodes(self, stride: int, size: int) -> bool:
-        """Whether a group of ``size`` ranks spaced ``stride`` apart leaves one NVLink domain."""
-        return size > 1 and stride * size > self._domain
-
     def peers_in_domain(self, stride: int, size: int) -> int:
         """Members of such a group (including oneself) inside one's NVLink domain."""
         d = self._domain
         return max(1, min(size, d // stride)) if stride <= d else 1
 
 
-def cpu_probe_for(ranks_per_node: int, profile: object | None = None) -> HostProbe:
-    """The host probe a CPU prediction uses: the profile's, for the thread count the ranks would run
+def cpu_probe_for(ranks_per_node: int, calibration: object | None = None) -> HostProbe:
+    """The host probe a CPU prediction uses: the calibration's, for the thread count the ranks would run
     with (:func:`~powertrain.hardware.rank_threads`), else a fresh probe of this host (its
     ``source`` says so)."""
     threads = rank_threads(ranks_per_node)
-    stored = getattr(profile, "host_probe", None)
+    stored = getattr(calibration, "host_probe", None)
     got = stored(threads) if callable(stored) else None
     return got if got is not None else probe_host(threads)
 
 
 def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
-                         host_probe: HostProbe | None = None, profile: object | None = None) -> Case:
+                         host_probe: HostProbe | None = None, calibration: object | None = None) -> Case:
     """Flatten a :class:`~powertrain.spec.run.RunConfig` (resolving dp from the world size).
 
     ``device`` is one rank's device as is. Otherwise a CPU run's device is one rank's share of a
-    host probe: ``host_probe`` (a measured run's recorded one), else the ``profile``'s, else a
+    host probe: ``host_probe`` (a measured run's recorded one), else the ``calibration``'s, else a
     fresh probe of this host.
     """
     from powertrain.spec.run import RunConfig
@@ -144,7 +136,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         dev = device
     elif is_cpu_name(hw.device):
         # ranks on one host CPU split its cores (see hardware.cpu_device)
-        dev = cpu_device(host_probe or cpu_probe_for(hw.devices_per_node, profile), hw.devices_per_node)
+        dev = cpu_device(host_probe or cpu_probe_for(hw.devices_per_node, calibration), hw.devices_per_node)
     else:
         dev = get_device(hw.device)
     return Case(

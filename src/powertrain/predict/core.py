@@ -11,10 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 from powertrain.core.flops import model_flops_per_step, recompute_flops_per_token, shape_of
+from powertrain.predict.calibration import Calibration, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.memory import memory_per_device
 from powertrain.predict.power import clock_factor, device_power
-from powertrain.predict.profile import Profile, load_profile
 from powertrain.predict.steptime import step_time
 from powertrain.predict.thermal import slot_temperatures
 
@@ -33,15 +33,15 @@ class Prediction:
     first access, so sweeping thousands of configurations pays only for the metrics.
     """
 
-    __slots__ = ("_breakdown", "_raw", "fits", "metrics", "model_error", "profile", "why_null")
+    __slots__ = ("_breakdown", "_raw", "calibration", "fits", "metrics", "model_error", "why_null")
 
-    def __init__(self, metrics: dict[str, Any], why_null: dict[str, str], fits: bool, profile: str = "default",
+    def __init__(self, metrics: dict[str, Any], why_null: dict[str, str], fits: bool, calibration: str = "default",
                  model_error: dict[str, Any] | None = None, raw: tuple[Any, ...] | None = None,
                  breakdown: dict[str, Any] | None = None) -> None:
         self.metrics = metrics
         self.why_null = why_null
         self.fits = fits
-        self.profile = profile
+        self.calibration = calibration  # the name of the calibration it was made with
         self.model_error = model_error or {}
         self._raw = raw
         self._breakdown = breakdown
@@ -54,7 +54,7 @@ class Prediction:
 
     def summary(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``summary.json`` body of a prediction (same shape as a measured run's)."""
-        return {"kind": "prediction", "profile": self.profile, "model_error": self.model_error,
+        return {"kind": "prediction", "profile": self.calibration, "model_error": self.model_error,
                 "config": config, "metrics": self.metrics, "why_null": self.why_null,
                 "breakdown": self.breakdown}
 
@@ -76,26 +76,26 @@ def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock:
                    "micro_batches": case.micro_batches},
         "device": case.device.name,
         "device_source": case.device.source,
-        # a CPU's peak comes from a host probe: which one (a profile's, a run's, or a fresh one)
+        # a CPU's peak comes from a host probe: which one (a calibration's, a run's, or a fresh one)
         "host_probe": None if case.device.probe is None else
         {**case.device.probe.to_dict(), "source": case.device.probe.source},
     }
 
 
-def _as_case(cfg: Any, prof: Profile) -> Case:
-    # a CPU RunConfig takes the profile's host probe (what its coefficients were fitted against)
-    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg, profile=prof)
+def _as_case(cfg: Any, cal: Calibration) -> Case:
+    # a CPU RunConfig takes the calibration's host probe (what its coefficients were fitted against)
+    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg, calibration=cal)
 
 
-def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
-    """Predict one configuration (a RunConfig or a Case) with a calibration profile.
+def predict(cfg: Any, calibration: Calibration | str | None = None) -> Prediction:
+    """Predict one configuration (a RunConfig or a Case) with a calibration (by name, path or value).
 
-    A CPU RunConfig uses the profile's host probe for its thread count, else a fresh probe of this
+    A CPU RunConfig uses the calibration's host probe for its thread count, else a fresh probe of this
     host; ``breakdown["host_probe"]["source"]`` says which.
     """
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    c = prof.coefficients
-    case = _as_case(cfg, prof)
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    c = cal.coefficients
+    case = _as_case(cfg, cal)
     dev = case.device
     world = case.world
     sh = shape_of(case)
@@ -167,4 +167,5 @@ def predict(cfg: Any, profile: Profile | str | None = None) -> Prediction:
     if not fits:
         why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "
                        "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")
-    return Prediction(metrics=metrics, why_null=why, fits=fits, profile=prof.name, model_error=prof.error, raw=raw)
+    return Prediction(metrics=metrics, why_null=why, fits=fits, calibration=cal.name, model_error=cal.error,
+                      raw=raw)

@@ -27,7 +27,7 @@ weights + two moments 12 B; fp32 training 4 + 4 + 8. DDP replicates all; a distr
 (ZeRO-1) shards the 12 B over data parallel; FSDP (ZeRO-3) shards all three and holds the current and
 the prefetched layer's gathered 16-bit weights. LoRA fine-tuning keeps only the frozen weights. Dense parameters shard over dp·cp, expert parameters
 over dp·cp/ep. Framework overhead: a fixed term (CUDA context, communicator buffers) plus an
-allocator-fragmentation factor (profile coefficients). The fixed term is a GPU's: a host-CPU
+allocator-fragmentation factor (calibration coefficients). The fixed term is a GPU's: a host-CPU
 "device" has no CUDA context and no NCCL buffers, so a CPU rank pays only the fragmentation factor
 (its interpreter and torch's own footprint are not model memory and are not counted).
 """
@@ -38,8 +38,8 @@ from functools import cache
 from typing import Any
 
 from powertrain.core.flops import Shape, parameter_counts
+from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
-from powertrain.predict.profile import Coefficients, Profile, load_profile
 
 
 def stage_layers(case: Case) -> list[int]:
@@ -180,15 +180,15 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
     return best["total"], best
 
 
-def fits(run_config: Any, profile: Profile | str | None = None) -> tuple[bool, float, dict[str, float]]:
+def fits(run_config: Any, calibration: Calibration | str | None = None) -> tuple[bool, float, dict[str, float]]:
     """Whether ``run_config`` (a RunConfig or a Case) fits in device memory.
 
     Returns ``(fits, bytes_per_device, breakdown)``; the breakdown adds ``capacity_bytes``. The planner
     calls this to reject runs before launch.
     """
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    case = run_config if isinstance(run_config, Case) else case_from_run_config(run_config, profile=prof)
-    total, bd = memory_per_device(case, prof.coefficients)
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    case = run_config if isinstance(run_config, Case) else case_from_run_config(run_config, calibration=cal)
+    total, bd = memory_per_device(case, cal.coefficients)
     bd = dict(bd, capacity=case.device.memory_bytes, capacity_bytes=case.device.memory_bytes)
     return total <= case.device.memory_bytes, total, bd
 

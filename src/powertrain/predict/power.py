@@ -2,7 +2,7 @@
 
 Each device spends a step in three kinds of phases, each drawing
 ``P = P_idle + a_phase · (P_peak − P_idle)`` with ``P_peak`` the draw at full clocks on dense
-GEMMs (the catalog's ``power_at_peak_w``) and ``a_phase`` a profile coefficient:
+GEMMs (the catalog's ``power_at_peak_w``) and ``a_phase`` a calibration coefficient:
 compute-bound (GEMM, attention: ``power_compute``), memory-bound (elementwise, optimizer:
 ``power_memory``), and communication or waiting (exposed collectives, pipeline bubble, host
 overhead: ``power_wait``). Mean power is the time-weighted mean.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from powertrain.hardware import DeviceSpec
-from powertrain.predict.profile import Coefficients
+from powertrain.predict.calibration import Coefficients
 
 
 def phase_powers(dev: DeviceSpec, c: Coefficients) -> tuple[float, float, float]:

@@ -33,9 +33,9 @@ import math
 from dataclasses import dataclass, field
 
 from powertrain.core.flops import Shape, layer_flops_per_token, parameter_counts, shape_of
+from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
 from powertrain.predict.memory import rank_layers
-from powertrain.predict.profile import Coefficients
 
 OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
 _ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from powertrain.predict.calibration import Calibration, load_calibration
 from powertrain.predict.case import case_from_run_config
 from powertrain.predict.core import Prediction, predict
-from powertrain.predict.profile import Profile, load_profile
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import Hardware, Knobs, Overlap, RunConfig
 
@@ -73,11 +73,11 @@ class StudyPoint:
     prediction: Prediction
 
 
-def predict_study(profile: Profile | str | None = None, cluster: str | None = None) -> list[StudyPoint]:
+def predict_study(calibration: Calibration | str | None = None, cluster: str | None = None) -> list[StudyPoint]:
     """Predict the whole matrix (both clusters unless ``cluster`` is given)."""
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     out = []
     for cfg in study_configs(cluster):
         cl, model, _ = cfg.name.split("/", 2)
-        out.append(StudyPoint(cl, model, cfg.name.split("/", 2)[2], cfg, predict(case_from_run_config(cfg), prof)))
+        out.append(StudyPoint(cl, model, cfg.name.split("/", 2)[2], cfg, predict(case_from_run_config(cfg), cal)))
     return out

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from powertrain.hardware import DeviceSpec, ThermalSpec
+from powertrain.hardware import DeviceSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +36,6 @@ class ThermalParams:
     tau_s: float
     inlet_c: float
     rmse_c: float | None = None
-
-
-def slot_inlets(th: ThermalSpec, devices_per_node: int, device_power_w: float) -> list[float]:
-    """Inlet temperature per slot, pre-heated for rear slots."""
-    rear = {s for s in th.rear_slots_of_8 if s < devices_per_node} if devices_per_node >= 2 else set()
-    heat = th.rear_preheat_c_per_kw * device_power_w / 1000.0
-    return [th.inlet_c + (heat if s in rear else 0.0) for s in range(devices_per_node)]
 
 
 @dataclass(slots=True)

@@ -1,15 +1,17 @@
-"""Calibration profiles: the model's few global coefficients, with physical meaning, stored as YAML.
+"""Calibrations: the model's few global coefficients, with physical meaning, stored as YAML.
 
-A profile is a named set of coefficients (what fraction of peak large GEMMs reach per precision,
-how much elementwise traffic a layer makes, how well communication overlaps, how much power each
-phase draws) plus the error it had on the runs it was fitted to. ``default`` ships with the package
-(fitted on ``calibration_runs.yaml`` by ``benchmarks/predict_accuracy.py --refit``); users write
-their own with ``powertrain calibrate``. Profiles are looked up as a path, then in
-``$POWERTRAIN_PROFILES`` / ``~/.config/powertrain/profiles``, then among the shipped ones.
+A :class:`Calibration` is a named set of :class:`Coefficients` (what fraction of peak large GEMMs
+reach per precision, how much elementwise traffic a layer makes, how well communication overlaps,
+how much power each phase draws) plus the error it had on the runs it was fitted to. ``default``
+ships with the package (``calibrations/default.yaml``, fitted on ``calibration_runs.yaml`` by
+``benchmarks/predict_accuracy.py --refit``); users write their own with ``powertrain calibrate``.
+The command line calls a calibration a *profile* (``--profile NAME``); they are looked up as a
+path, then in ``$POWERTRAIN_PROFILES`` / ``~/.config/powertrain/profiles``, then among the shipped
+ones.
 
-A profile fitted on CPU runs also keeps ``host_probes``: the host probe (fp32 matmul FLOP/s and copy
+A calibration fitted on CPU runs also keeps ``host_probes``: the host probe (fp32 matmul FLOP/s and copy
 bandwidth, per rank thread count) its runs were measured with, the median over the runs. Its GEMM
-efficiency is relative to that probe, so predictions with the profile use the same numbers instead
+efficiency is relative to that probe, so predictions with the calibration use the same numbers instead
 of probing the host again (which on a shared machine reads differently on every call).
 """
 
@@ -24,10 +26,11 @@ import yaml
 
 from powertrain.hardware import HostProbe
 
-SHIPPED_DIR = Path(__file__).with_name("profiles")
+SHIPPED_DIR = Path(__file__).with_name("calibrations")
 
 
-def user_profile_dir() -> Path:
+def user_calibration_dir() -> Path:
+    """Where users' calibrations live: ``$POWERTRAIN_PROFILES``, else ``~/.config/powertrain/profiles``."""
     env = os.environ.get("POWERTRAIN_PROFILES")
     return Path(env) if env else Path.home() / ".config" / "powertrain" / "profiles"
 
@@ -89,7 +92,7 @@ class Coefficients:
 
 
 @dataclass(frozen=True, slots=True)
-class Profile:
+class Calibration:
     """A named set of coefficients plus how well they fit (``error``: MAPE etc., may be empty)."""
 
     name: str = "default"
@@ -97,7 +100,7 @@ class Profile:
     error: dict[str, Any] = field(default_factory=dict)
     fitted_on: list[str] = field(default_factory=list)
     device: str | None = None
-    # CPU profiles: the host probes the fit used, one record per rank thread count (HostProbe.to_dict()
+    # CPU calibrations: the host probes the fit used, one record per rank thread count (HostProbe.to_dict()
     # plus ``runs``, how many fitted runs it is the median of, and ``how``, where they came from)
     host_probes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -108,7 +111,7 @@ class Profile:
                 return HostProbe.from_dict(rec, f"calibration profile {self.name!r}: {rec.get('how', 'stored probe')}")
         return None
 
-    def with_coefficients(self, **updates: float) -> Profile:
+    def with_coefficients(self, **updates: float) -> Calibration:
         return replace(self, coefficients=replace(self.coefficients, **updates))
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,7 +122,7 @@ class Profile:
 COEFFICIENT_NAMES = tuple(f.name for f in fields(Coefficients))
 
 
-def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
+def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibration:
     coeffs = raw.get("coefficients", {}) or {}
     unknown = set(coeffs) - set(COEFFICIENT_NAMES)
     if unknown:
@@ -127,7 +130,7 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     probes = [dict(r) for r in raw.get("host_probes", []) or []]
     for r in probes:
         HostProbe.from_dict(r, f"{where}: host_probes")  # refuse an incomplete record now, not mid-prediction
-    return Profile(
+    return Calibration(
         name=str(raw.get("name", "custom")),
         coefficients=Coefficients(**{k: float(v) for k, v in coeffs.items()}),
         error=dict(raw.get("error", {}) or {}),
@@ -137,33 +140,33 @@ def profile_from_dict(raw: dict[str, Any], where: str = "profile") -> Profile:
     )
 
 
-def save_profile(profile: Profile, path: str | Path | None = None) -> Path:
-    """Write ``profile`` as YAML (default: the user profile folder, ``<name>.yaml``)."""
-    out = Path(path) if path else user_profile_dir() / f"{profile.name}.yaml"
+def save_calibration(calibration: Calibration, path: str | Path | None = None) -> Path:
+    """Write ``calibration`` as YAML (default: the user calibration folder, ``<name>.yaml``)."""
+    out = Path(path) if path else user_calibration_dir() / f"{calibration.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(profile.to_dict(), sort_keys=False))
+    out.write_text(yaml.safe_dump(calibration.to_dict(), sort_keys=False))
     return out
 
 
-_CACHE: dict[tuple[str, float], Profile] = {}
+_CACHE: dict[tuple[str, float], Calibration] = {}
 
 
-def load_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
-    """A profile by path or name (user folder first, then shipped); None → ``default``."""
-    if isinstance(name_or_path, Profile):
+def load_calibration(name_or_path: str | Path | Calibration | None = None) -> Calibration:
+    """A calibration by path or name (user folder first, then shipped); None → ``default``."""
+    if isinstance(name_or_path, Calibration):
         return name_or_path
     key = str(name_or_path or "default")
     candidates = [Path(key)] if key.endswith((".yaml", ".yml")) or os.sep in key else []
-    candidates += [user_profile_dir() / f"{key}.yaml", SHIPPED_DIR / f"{key}.yaml"]
+    candidates += [user_calibration_dir() / f"{key}.yaml", SHIPPED_DIR / f"{key}.yaml"]
     for path in candidates:
         if path.is_file():
             stamp = (str(path.resolve()), path.stat().st_mtime)
             if stamp not in _CACHE:
-                _CACHE[stamp] = profile_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+                _CACHE[stamp] = calibration_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
             return _CACHE[stamp]
     if key == "default":
-        return Profile()
-    known = sorted({p.stem for d in (user_profile_dir(), SHIPPED_DIR) if d.is_dir() for p in d.glob("*.yaml")})
+        return Calibration()
+    known = sorted({p.stem for d in (user_calibration_dir(), SHIPPED_DIR) if d.is_dir() for p in d.glob("*.yaml")})
     raise FileNotFoundError(
         f"no profile {key!r}; known: {', '.join(known) or 'none'}. "
         "Create one with `powertrain calibrate RUN... --name NAME`, or pass a YAML path"
