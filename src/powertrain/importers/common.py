@@ -352,12 +352,12 @@ class RunBuilder:
             for dev in sorted(table.column("device").unique().to_pylist()):
                 sub = table.filter(pc.equal(table.column("device"), dev))
                 known = next((d for d in self.devices if d["host"] == host and d["device"] == dev), {})
-                info = {k: v for k, v in known.items() if k != "host"}
-                info.setdefault("device", dev)
-                info.setdefault("kind", "gpu" if dev.startswith("gpu") else dev)
-                info["supported"] = [f for f in present if sub.column(f).null_count < sub.num_rows]
-                info["samples"] = sub.num_rows
-                devs.append(info)
+                dev_info = {k: v for k, v in known.items() if k != "host"}
+                dev_info.setdefault("device", dev)
+                dev_info.setdefault("kind", "gpu" if dev.startswith("gpu") else dev)
+                dev_info["supported"] = [f for f in present if sub.column(f).null_count < sub.num_rows]
+                dev_info["samples"] = sub.num_rows
+                devs.append(dev_info)
             host_devices[host] = devs
             write_json_atomic(run.telemetry_meta(host), {
                 "host": host, "source": f"import:{self.format}", "devices": devs, "notes": [],

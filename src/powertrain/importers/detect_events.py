@@ -26,6 +26,7 @@ rank logged them) and listed in ``run.json["detected_events"]``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -130,9 +131,7 @@ def detect_power_events(
             continue
         n_dev = len(util) or None
 
-        def ev(kind: str, name: str, i0: int, i1: int, _ctx: tuple = (tb, total, host, busy, idle),
-               **attrs: Any) -> dict[str, Any]:
-            return _event(*_ctx, kind, name, i0, i1, **attrs)
+        ev = functools.partial(_event, tb, total, host, busy, idle)
 
         first, last = act[0], act[-1]
         out.append(ev("phase", "activity_start", max(first[0] - 1, 0), first[0] + 1))
@@ -149,7 +148,7 @@ def detect_power_events(
             if n_dev and n_dev > 1:
                 means = {d: float(np.nanmean(u[i0:i1])) for d, u in util.items() if np.isfinite(u[i0:i1]).any()}
                 if means:
-                    low = min(means, key=means.get)
+                    low = min(means, key=lambda d: means[d])
                     others = [v for d, v in means.items() if d != low]
                     if others and means[low] < 20 and min(others) > 60:
                         attrs["waiting_on"] = low

@@ -98,15 +98,7 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
                 continue
             line = ANSI.sub("", raw)
             rank = int(m.group(1)) if (m := RANK_PREFIX.match(line)) else 0
-            fields: dict[str, str] = {}
-            for part in line.split("|"):
-                if "iteration" in part and "/" in part and "elapsed" not in part:
-                    m_it = re.search(r"iteration\s+(\d+)\s*/\s*(\d+)", part)
-                    if m_it:
-                        fields["iteration"] = m_it.group(1)
-                elif ":" in part:
-                    k, _, v = part.rpartition(":")
-                    fields[k.strip().lower()] = v.strip()
+            fields = _megatron_fields(line)
             try:
                 it = int(fields["iteration"])
                 ms = float(fields["elapsed time per iteration (ms)"])
@@ -145,6 +137,20 @@ def parse_megatron(path: Path, b: RunBuilder, tz: dt.tzinfo, seq_len: int | None
     if seq_len is None:
         b.drop("Megatron tokens: the log has no sequence length; pass --seq-len to fill events.tokens")
     return events, not timed
+
+
+def _megatron_fields(line: str) -> dict[str, str]:
+    """``key: value`` cells of a Megatron iteration line (keys lower case), ``iteration`` = N of ``N/M``."""
+    fields: dict[str, str] = {}
+    for part in line.split("|"):
+        if "iteration" in part and "/" in part and "elapsed" not in part:
+            m_it = re.search(r"iteration\s+(\d+)\s*/\s*(\d+)", part)
+            if m_it:
+                fields["iteration"] = m_it.group(1)
+        elif ":" in part:
+            key, _, v = part.rpartition(":")
+            fields[key.strip().lower()] = v.strip()
+    return fields
 
 
 def _world_size(line: str, b: RunBuilder) -> None:

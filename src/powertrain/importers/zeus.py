@@ -66,7 +66,7 @@ def sniff(path: Path) -> str | None:
 def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None,
                  first_step: int = 0) -> tuple[list[dict[str, Any]], bool]:
     """Window events, and whether ``anchor_ns`` placed them (monotonic-clock start times)."""
-    events = []
+    events: list[dict[str, Any]] = []
     with open_text(path) as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader)]
