@@ -22,6 +22,7 @@ import io
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,13 +249,30 @@ def _power_matrix(keys: list[tuple[str, str]], hosts: np.ndarray, devs: np.ndarr
 
 def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) -> Path:
     summ = load_summary(path)
-    run = RunDir(path)
-    info = run.read()
+    info = RunDir(path).read()
     name = summ.get("run") or path.name
     pred = summ.get("kind") == "prediction"
     imported = info.get("kind") == "import"
     absent = "not in the imported records" if imported else "not measured in this run"
     rep = Report(out, f"powertrain report — {name}" + (" (PREDICTION)" if pred else ""), formats)
+    _run_header(rep, summ, info, name, pred, imported)
+    rep.h("Metrics")
+    _metrics_table(rep, summ, absent)
+    if pred:
+        return rep.write()
+    events = read_events(path)
+    _run_timelines(rep, path, name, summ, info, events, imported, absent)
+    _step_energy(rep, name, summ)
+    _step_time(rep, name, events, info)
+    _profiled_steps(rep, name, summ)
+    _data_quality(rep, summ, imported)
+    return rep.write()
+
+
+def _run_header(rep: Report, summ: dict[str, Any], info: dict[str, Any], name: str, pred: bool, imported: bool
+                ) -> None:
+    """Title, where the run came from (imported, predicted, synthetic), its configuration and window,
+    and the summary's notes."""
     rep.h(f"Run {name}", 1)
     if imported:
         src = info.get("import") or {}
@@ -282,12 +300,11 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
               f"{json.dumps(summ.get('model_error')) if summ.get('model_error') is not None else 'not stated'}.")
     for note in summ.get("notes") or []:
         rep.p(note, "note")
-    rep.h("Metrics")
-    _metrics_table(rep, summ, absent)
-    if pred:
-        return rep.write()
 
-    events = read_events(path)
+
+def _run_timelines(rep: Report, path: Path, name: str, summ: dict[str, Any], info: dict[str, Any], events: Any,
+                   imported: bool, absent: str) -> None:
+    """Telemetry per device over time (step windows shaded), and with many devices a power heatmap."""
     series, missing, t0, heat = _timeline_series(path, info.get("fields_supported") or [], imported)
     spans = _step_spans(events, t0) if events.num_rows and t0 else []
     rep.h("Timelines")
@@ -308,7 +325,9 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
                                                              "power (W)"),
                    f"Power of all {len(labels)} devices over time (one row each, bucketed); a cool or hot row is a "
                    "device that differs from the rest.")
-    sd = steps_mod.measured_steps(events, info.get("rank_map"), info.get("warmup_steps"))
+
+
+def _step_energy(rep: Report, name: str, summ: dict[str, Any]) -> None:
     step_energy = [(p["step"], p["energy_j"]) for p in summ.get("per_step") or [] if p.get("energy_j") is not None]
     if step_energy:
         rep.h("Energy per step")
@@ -316,27 +335,35 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
                                                         f"{name}: energy per measured step"),
                    "Energy of each measured step: the integral of the summed power of every device over the "
                    "step window (devices that did not report in a sample period leave it out).")
+
+
+def _step_time(rep: Report, name: str, events: Any, info: dict[str, Any]) -> None:
+    """Step-time distribution and per-rank heatmap, self time per phase per rank, the pipeline view."""
+    sd = steps_mod.measured_steps(events, info.get("rank_map"), info.get("warmup_steps"))
     rep.h("Step time")
-    if sd is not None:
-        rep.figure("step_time", lambda: F.step_distribution(sd.step_time_s, sd.rank_step_s, sd.ranks,
-                                                            f"{name}: step-time distribution"),
-                   "Left: step time (slowest rank) over measured steps. Right: per-rank step durations.")
-        rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
-                                                          f"{name}: per-rank step time"),
-                   "Per-rank step time across measured steps: a straggler is a bright row.")
-        phases = steps_mod.self_phases(events, set(sd.steps.tolist()))
-        if phases:
-            kinds = sorted({p["kind"] for p in phases})
-            ranks = sd.ranks
-            vals = {k: [sum(p["seconds"] for p in phases if p["rank"] == r and p["kind"] == k) / sd.n
-                        for r in ranks] for k in kinds}
-            rep.figure("phases", lambda: F.phase_breakdown([str(r) for r in ranks], vals,
-                                                           f"{name}: time per phase per rank", "rank"),
-                       "Seconds per measured step in each phase kind, from the ranks' step-phase events (self "
-                       "time: a phase nested in another is taken out of it).")
-        _pipeline_view(rep, name, events, sd, info.get("rank_map") or [])
-    else:
+    if sd is None:
         rep.p("No measured step events in this run: step-time figures are skipped.", "note")
+        return
+    rep.figure("step_time", lambda: F.step_distribution(sd.step_time_s, sd.rank_step_s, sd.ranks,
+                                                        f"{name}: step-time distribution"),
+               "Left: step time (slowest rank) over measured steps. Right: per-rank step durations.")
+    rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
+                                                      f"{name}: per-rank step time"),
+               "Per-rank step time across measured steps: a straggler is a bright row.")
+    phases = steps_mod.self_phases(events, set(sd.steps.tolist()))
+    if phases:
+        kinds = sorted({p["kind"] for p in phases})
+        ranks = sd.ranks
+        vals = {k: [sum(p["seconds"] for p in phases if p["rank"] == r and p["kind"] == k) / sd.n
+                    for r in ranks] for k in kinds}
+        rep.figure("phases", lambda: F.phase_breakdown([str(r) for r in ranks], vals,
+                                                       f"{name}: time per phase per rank", "rank"),
+                   "Seconds per measured step in each phase kind, from the ranks' step-phase events (self "
+                   "time: a phase nested in another is taken out of it).")
+    _pipeline_view(rep, name, events, sd, info.get("rank_map") or [])
+
+
+def _profiled_steps(rep: Report, name: str, summ: dict[str, Any]) -> None:
     profs = summ.get("profiles") or []
     if profs:
         labels = [f"rank {p['rank']} step {p['step']}" for p in profs]
@@ -345,8 +372,6 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
                                                          "profiled rank and step"),
                    "From torch.profiler traces: compute only, compute overlapped with communication, exposed "
                    "communication, idle, per profiled step.")
-    _data_quality(rep, summ, imported)
-    return rep.write()
 
 
 def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> None:
@@ -392,6 +417,29 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
     pq.write_table(sweep_table(rows), tmp)
     tmp.replace(path / "summary.parquet")
     rep = Report(out, f"powertrain sweep report — {path.name}", formats)
+    _sweep_header(rep, path, rows)
+    fig_rows = [r for r in rows if r["status"] != "duplicate"]  # a duplicate is another run's twin: listed above
+    _per_configuration(rep, rows, fig_rows)
+    rep.h("Per device slot across configurations (study Figs. 5, 17)")
+    done = [(r, summaries[r["id"]]) for r in rows if r["id"] in summaries and summaries[r["id"]].get("per_device")]
+    _slot_heatmaps(rep, done)
+    rep.h("Per pipeline stage time breakdown (study Figs. 10, 15)")
+    stage_labels, stage_vals, stage_src = _stage_breakdown(done, path)
+    if stage_labels:
+        rep.figure("stage_breakdown", lambda: F.phase_breakdown(
+            stage_labels, stage_vals, f"time per category per pipeline stage (from {stage_src})",
+            "configuration / stage"),
+            f"Seconds per step in each category, averaged over the ranks of each pipeline stage, from {stage_src}"
+            + (": compute only, compute overlapped with communication, exposed communication, idle."
+               if stage_src == "profiler traces" else "."))
+    else:
+        rep.p("No phase events or profiler traces in these runs: the per-stage breakdown is skipped.", "note")
+    _throughput_and_rankings(rep, rows)
+    return rep.write()
+
+
+def _sweep_header(rep: Report, path: Path, rows: list[dict[str, Any]]) -> None:
+    """Title, run counts per status, the predictions banner, and one table row per run."""
     rep.h(f"Sweep {path.name}", 1)
     counts: dict[str, int] = {}
     for r in rows:
@@ -410,13 +458,15 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
                 format_value("temp_peak_c", r.get("temp_peak_c")), format_value("j_per_token", r.get("j_per_token")),
                 (r.get("reason") or "")[:160]] for r in rows], cls="sweep")
 
+
+def _per_configuration(rep: Report, rows: list[dict[str, Any]], fig_rows: list[dict[str, Any]]) -> None:
+    """Per model: step time and throughput panels; temperature, power and clock panels where sensed."""
     eff, eff_label = _efficiency(rows)
-    fig_rows = [r for r in rows if r["status"] != "duplicate"]  # a duplicate is another run's twin: listed above
     models = sorted({str(r.get("model")) for r in fig_rows})
     rep.h("Step time and throughput per configuration")
     for i, model in enumerate(models):
         mrows = [r for r in fig_rows if str(r.get("model")) == model]
-        rep.figure(f"perf_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.performance_panels(model, mrows),
+        rep.figure(f"perf_{i}_{_safe(model)}", partial(F.performance_panels, model, mrows),
                    f"{model}: mean step time (whisker: p99) and tokens/s; MFU and utilisation. Runs that did not "
                    "finish are labelled FAILED / OOM / REJECTED / NOT RUN.")
     rep.h("Temperature, power and SM clock per configuration (study Figs. 4, 8, 13)")
@@ -427,54 +477,45 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
               "such sensors); the study's per-configuration thermal and power figures need them.", "note")
     for i, model in enumerate(models if sensed else []):
         mrows = [r for r in fig_rows if str(r.get("model")) == model]
-        rep.figure(f"study_{i}_{_safe(model)}", lambda mrows=mrows, model=model: F.study_panels(
-            model, mrows, eff, eff_label),
-            f"{model}: average and peak temperature and power, mean SM clock per configuration; "
-            f"line: {eff_label}. Runs that did not finish are labelled FAILED / OOM / REJECTED / NOT RUN.")
+        rep.figure(f"study_{i}_{_safe(model)}", partial(F.study_panels, model, mrows, eff, eff_label),
+                   f"{model}: average and peak temperature and power, mean SM clock per configuration; "
+                   f"line: {eff_label}. Runs that did not finish are labelled FAILED / OOM / REJECTED / NOT RUN.")
 
-    rep.h("Per device slot across configurations (study Figs. 5, 17)")
-    done = [(r, summaries[r["id"]]) for r in rows if r["id"] in summaries and summaries[r["id"]].get("per_device")]
+
+def _slot_heatmaps(rep: Report, done: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Mean temperature, mean power and link bytes per step of each device slot in each finished run."""
     slots = sorted({(d["host"], d["device"]) for _, s in done for d in s["per_device"] if d.get("kind") != "cpu"}
                    or {(d["host"], d["device"]) for _, s in done for d in s["per_device"]},
                    key=lambda k: (k[0], F_slot_key(k[1])))
-    if done and slots:
-        for key, title, unit, scale in (("temp_mean_c", "mean temperature", "°C", 1.0),
-                                        ("power_mean_w", "mean power", "W", 1.0),
-                                        ("link_tx_bytes", "link bytes sent per step", "GiB/step", 1 / 2**30)):
-            vals = np.full((len(done), len(slots)), np.nan)
-            for i, (_, s) in enumerate(done):
-                n_steps = (s.get("window") or {}).get("measured_steps") or 0
-                for d in s["per_device"]:
-                    k = (d["host"], d["device"])
-                    if k in slots and d.get(key) is not None:
-                        v = d[key] * scale
-                        if key == "link_tx_bytes":
-                            v = v / n_steps if n_steps else np.nan
-                        vals[i, slots.index(k)] = v
-            if np.isfinite(vals).any():
-                labels = [f"{r.get('model')} {r['label']}" + ("" if r["status"] == "ok" else f" [{r['status'].upper()}]")
-                          + (" (pred)" if r.get("kind") == "prediction" else "") for r, _ in done]
-                rep.figure(f"slots_{key}", lambda vals=vals, labels=labels, title=title, unit=unit: F.slot_heatmap(
-                    labels, slots, vals, f"{title} per configuration × device slot (nodes separated)", unit),
-                    f"{title} of each device slot in each configuration; white lines separate nodes; the "
-                    "bottom row is the per-slot mean over configurations.")
-            else:
-                rep.p(f"{title}: not measured in any run of this sweep.", "note")
-    else:
+    if not (done and slots):
         rep.p("No finished run with per-device telemetry: slot heatmaps skipped.", "note")
+        return
+    for key, title, unit, scale in (("temp_mean_c", "mean temperature", "°C", 1.0),
+                                    ("power_mean_w", "mean power", "W", 1.0),
+                                    ("link_tx_bytes", "link bytes sent per step", "GiB/step", 1 / 2**30)):
+        vals = np.full((len(done), len(slots)), np.nan)
+        for i, (_, s) in enumerate(done):
+            n_steps = (s.get("window") or {}).get("measured_steps") or 0
+            for d in s["per_device"]:
+                k = (d["host"], d["device"])
+                if k in slots and d.get(key) is not None:
+                    v = d[key] * scale
+                    if key == "link_tx_bytes":
+                        v = v / n_steps if n_steps else np.nan
+                    vals[i, slots.index(k)] = v
+        if np.isfinite(vals).any():
+            labels = [f"{r.get('model')} {r['label']}" + ("" if r["status"] == "ok" else f" [{r['status'].upper()}]")
+                      + (" (pred)" if r.get("kind") == "prediction" else "") for r, _ in done]
+            rep.figure(f"slots_{key}", partial(F.slot_heatmap, labels, slots, vals,
+                                               f"{title} per configuration × device slot (nodes separated)", unit),
+                       f"{title} of each device slot in each configuration; white lines separate nodes; the "
+                       "bottom row is the per-slot mean over configurations.")
+        else:
+            rep.p(f"{title}: not measured in any run of this sweep.", "note")
 
-    rep.h("Per pipeline stage time breakdown (study Figs. 10, 15)")
-    stage_labels, stage_vals, stage_src = _stage_breakdown(done, path)
-    if stage_labels:
-        rep.figure("stage_breakdown", lambda: F.phase_breakdown(
-            stage_labels, stage_vals, f"time per category per pipeline stage (from {stage_src})",
-            "configuration / stage"),
-            f"Seconds per step in each category, averaged over the ranks of each pipeline stage, from {stage_src}"
-            + (": compute only, compute overlapped with communication, exposed communication, idle."
-               if stage_src == "profiler traces" else "."))
-    else:
-        rep.p("No phase events or profiler traces in these runs: the per-stage breakdown is skipped.", "note")
 
+def _throughput_and_rankings(rep: Report, rows: list[dict[str, Any]]) -> None:
+    """Throughput against energy per token (with the Pareto front), and rankings of key metrics."""
     rep.h("Throughput vs energy")
     pts = [r for r in rows if r.get("tokens_per_s") is not None and r.get("j_per_token") is not None]
     if pts:
@@ -489,11 +530,9 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
                                 ("temp_peak_c", "Peak temperature per configuration", "°C"),
                                 ("throttle_share", "Share of samples throttled", "share")):
         if any(r.get(metric) is not None for r in rows):
-            rep.figure(f"rank_{metric}", lambda metric=metric, title=title, unit=unit: F.ranking(
-                rows, metric, title, unit), f"{title}, highest first.")
+            rep.figure(f"rank_{metric}", partial(F.ranking, rows, metric, title, unit), f"{title}, highest first.")
         else:
             rep.p(f"{title}: not measured in any run of this sweep.", "note")
-    return rep.write()
 
 
 def F_slot_key(device: str) -> tuple[str, int]:

@@ -16,7 +16,7 @@ to a readable count however many steps, ranks or devices a run has.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -179,7 +179,8 @@ def rank_heatmap(rank_step_s: np.ndarray, ranks: Sequence[int], steps: Sequence[
     return fig
 
 
-def phase_breakdown(labels: Sequence[str], phases: dict[str, Sequence[float]], title: str, xlabel: str) -> Figure:
+def phase_breakdown(labels: Sequence[str], phases: Mapping[str, Sequence[float]], title: str, xlabel: str
+                    ) -> Figure:
     """Stacked bars of seconds per phase kind (forward, backward, optimizer, comm, …) per group."""
     fig, ax = plt.subplots(figsize=(10, 3.4))
     bottom = np.zeros(len(labels))
