@@ -6,10 +6,26 @@ from dataclasses import replace
 
 import pytest
 
+from powertrain.core.flops import layer_flops_per_token, shape_of
 from powertrain.hardware import get_device
 from powertrain.predict import METRIC_NAMES, Case, predict
 from powertrain.predict.calibration import Coefficients
-from powertrain.predict.steptime import step_time
+from powertrain.predict.steptime import (
+    LayerTime,
+    compute_rates,
+    cp_comm_time,
+    data_parallel_time,
+    ep_all_to_all_time,
+    head_time,
+    layer_compute,
+    layer_memory,
+    layer_time,
+    local_parameters,
+    optimizer_time,
+    pipeline_time,
+    step_time,
+    tp_comm_time,
+)
 
 C = Coefficients()
 
@@ -80,3 +96,121 @@ def test_prediction_has_every_metric_or_a_reason() -> None:
     assert 0.2 < p.metrics["mfu"] < 0.7 and p.metrics["hfu"] >= p.metrics["mfu"]
     s = p.summary({"x": 1})
     assert s["kind"] == "prediction" and s["profile"] == "default" and s["model_error"]
+
+
+# --- each part of step_time, alone -------------------------------------------------------------------
+
+MOE = dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000, seq_len=4096, experts=8, top_k=2,
+           tp=1, pp=1, dp=64, global_batch=128)
+
+
+def _layer(case: Case) -> LayerTime:
+    return layer_time(case, C, compute_rates(case, C), layer_flops_per_token(shape_of(case)))
+
+
+def test_rates_make_thin_gemms_slower_per_flop_and_scale_with_the_clock() -> None:
+    r = compute_rates(_llama(), C)
+    wide, thin = r.gemm(4096, 8192, 8192), r.gemm(16, 8192, 8192 * 256)  # same FLOPs
+    assert thin > wide
+    assert compute_rates(_llama(), C, clock=0.5).gemm(4096, 8192, 8192) == pytest.approx(2 * wide)
+    assert compute_rates(_llama(precision="fp8"), C).peak > r.peak  # fp8 GEMMs run faster
+
+
+def test_layer_compute_splits_over_tp_and_reports_attention() -> None:
+    lf = layer_flops_per_token(shape_of(_llama()))
+    t1, attn1 = layer_compute(_llama(tp=1), C, compute_rates(_llama(tp=1), C), lf)
+    t8, attn8 = layer_compute(_llama(tp=8), C, compute_rates(_llama(tp=8), C), lf)
+    assert 0 < attn1 < t1 and 0 < attn8 < t8
+    assert t1 / 8 < t8 < t1 / 4  # TP divides the work, but thinner GEMMs run slower
+
+
+def test_layer_memory_shrinks_with_sequence_parallel() -> None:
+    sp, no_sp = _llama(sequence_parallel=True), _llama(sequence_parallel=False)
+    assert layer_memory(sp, C, compute_rates(sp, C)) < layer_memory(no_sp, C, compute_rates(no_sp, C))
+
+
+def test_tp_comm_is_zero_alone_hidden_by_overlap_and_pays_gloo_calls() -> None:
+    base = _llama()
+    r = compute_rates(base, C)
+    assert tp_comm_time(replace(base, tp=1, dp=16), C, r) == 0.0
+    assert tp_comm_time(replace(base, overlap_tp=True), C, r) == pytest.approx(C.tp_overlap_exposed * tp_comm_time(base, C, r))
+    gloo = replace(base, device=replace(base.device, transport="gloo"))
+    assert tp_comm_time(gloo, C, r) > tp_comm_time(base, C, r)
+
+
+def test_ep_all_to_all_is_zero_for_dense_and_slower_across_nodes() -> None:
+    near, far = _llama(**MOE, ep=8), _llama(**{**MOE, "tp": 8, "dp": 8}, ep=8)
+    r = compute_rates(near, C)
+    assert ep_all_to_all_time(_llama(), C, r) == 0.0
+    assert ep_all_to_all_time(far, C, r) > ep_all_to_all_time(near, C, r) > 0
+
+
+def test_cp_exchange_is_zero_without_cp_and_hides_behind_attention() -> None:
+    cp = _llama(cp=2, dp=1)
+    r = compute_rates(cp, C)
+    assert cp_comm_time(_llama(), C, r, 0.0) == 0.0
+    exposed = cp_comm_time(cp, C, r, 0.0)
+    assert exposed > 0 and cp_comm_time(cp, C, r, 2 * exposed / C.overlap_eff) == 0.0
+
+
+def test_layer_time_backward_twice_forward_and_full_recompute_adds_a_forward() -> None:
+    plain, full = _layer(_llama()), _layer(_llama(recompute="full"))
+    assert plain.compute == pytest.approx(3 * plain.compute_f)
+    assert full.backward == pytest.approx(plain.backward + plain.forward)
+    lora = _layer(_llama(lora=True))
+    assert lora.compute == pytest.approx(2 * lora.compute_f)  # no weight gradients
+
+
+def test_head_backward_is_forward_plus_one_more_logit_gemm() -> None:
+    case = _llama()
+    head = head_time(case, compute_rates(case, C))
+    assert head.backward == pytest.approx(head.forward + head.compute)
+    assert head.embedding > 0
+
+
+def test_pipeline_bubble_is_the_mean_rank_over_v() -> None:
+    case = _llama(global_batch=16)
+    r = compute_rates(case, C)
+    pipe = pipeline_time(case, C, r, _layer(case), head_time(case, r))
+    assert pipe.bubble == pytest.approx((case.pp - 1) / case.vp * pipe.mean_rank)
+    assert pipe.busy == pytest.approx(case.micro_batches * pipe.slowest_rank) and pipe.p2p > 0
+    flat = replace(case, pp=1, dp=8, global_batch=64)
+    assert pipeline_time(flat, C, r, _layer(flat), head_time(flat, r)).bubble == 0.0
+
+
+def test_local_parameters_split_over_tp_and_experts_over_ep() -> None:
+    one, two = local_parameters(_llama(tp=1), shape_of(_llama())), local_parameters(_llama(tp=2), shape_of(_llama()))
+    assert two.dense == pytest.approx(one.dense / 2) and one.dense_group == 2
+    moe = _llama(**MOE, ep=8)
+    p = local_parameters(moe, shape_of(moe))
+    assert p.expert > 0 and p.expert_group == 64 // 8
+
+
+def test_data_parallel_exposes_less_with_overlap_and_nothing_alone_or_with_lora() -> None:
+    case = _llama(tp=1, pp=1, dp=64, layers=8, global_batch=64)
+    params = local_parameters(case, shape_of(case))
+    assert data_parallel_time(replace(case, lora=True), C, params, 1.0) == (0.0, 0.0)
+    dp_off, _ = data_parallel_time(replace(case, overlap_dp=False), C, params, 1.0)
+    dp_on, _ = data_parallel_time(case, C, params, 1.0)
+    assert dp_off > dp_on >= 0
+    fsdp = replace(case, fsdp=True)
+    assert data_parallel_time(fsdp, C, params, 1.0)[0] == 0.0 < data_parallel_time(fsdp, C, params, 1.0)[1]
+    alone = replace(case, dp=1, global_batch=1)
+    assert data_parallel_time(alone, C, local_parameters(alone, shape_of(alone)), 1.0) == (0.0, 0.0)
+
+
+def test_optimizer_time_shrinks_when_states_are_sharded() -> None:
+    case = _llama(tp=1, pp=1, dp=64, layers=8, global_batch=64)
+    params, r = local_parameters(case, shape_of(case)), compute_rates(case, C)
+    assert optimizer_time(replace(case, distributed_optimizer=True), params, r) < optimizer_time(case, params, r)
+
+
+def test_step_time_is_the_sum_of_its_parts() -> None:
+    case = _llama(global_batch=32)
+    st = step_time(case, C)
+    bd = st.breakdown
+    parts = (bd["pp_bubble_s"] + bd["dp_comm_exposed_s"] + bd["fsdp_comm_exposed_s"] + bd["optimizer_s"]
+             + C.step_overhead_s)
+    r = compute_rates(case, C)
+    busy = pipeline_time(case, C, r, _layer(case), head_time(case, r)).busy
+    assert st.total_s == pytest.approx(busy + parts)

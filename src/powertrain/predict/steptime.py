@@ -25,6 +25,12 @@ divides it by ``v``), the last stage carrying the logit layer and loss, the firs
 DP gradient reduction (reduce-scatter + all-gather with a distributed optimizer, all-reduce
 otherwise) and FSDP gathers per micro-batch are exposed beyond ``overlap_eff`` × the compute
 window they can hide behind. The optimizer step moves ~32 bytes per local parameter.
+
+Each part is its own function, usable alone: :func:`compute_rates` (what the device sustains),
+:func:`layer_time` (one layer and micro-batch: :func:`layer_compute`, :func:`layer_memory`,
+:func:`tp_comm_time`, :func:`ep_all_to_all_time`, :func:`cp_comm_time`), :func:`head_time`,
+:func:`pipeline_time`, :func:`local_parameters`, :func:`data_parallel_time` (DP or FSDP) and
+:func:`optimizer_time`; :func:`step_time` composes them.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from powertrain.core.flops import Shape, layer_flops_per_token, parameter_counts, shape_of
+from powertrain.core.flops import LayerFlops, Shape, layer_flops_per_token, parameter_counts, shape_of
 from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
 from powertrain.predict.memory import rank_layers
 
 OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
+GRAD_BYTES = 4.0  # bytes per gradient value reduced across data-parallel ranks (fp32)
 _ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element
 # Latencies a gloo collective call pays on top of its ring steps on a host CPU: the rendezvous
 # round trip (announce, wait for the peer) before any data moves.
@@ -52,7 +59,6 @@ class StepTime:
     breakdown: dict[str, float] = field(default_factory=dict)
     compute_s: float = 0.0  # per device: GEMM + attention time (mean device)
     memory_s: float = 0.0  # per device: memory-bound time
-    critical_compute_s: float = 0.0  # compute on the critical path (what clock changes stretch)
     burst_s: float = 0.0  # longest uninterrupted compute stretch (one micro-batch fwd+bwd of a stage)
 
 
@@ -78,39 +84,61 @@ def _link(case: Case, c: Coefficients, stride: int, size: int) -> tuple[float, f
     return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency * c.comm_latency_scale
 
 
-def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | None = None) -> StepTime:
-    """Predict one step's time. ``clock`` (≤ 1) scales compute throughput (power/thermal limits)."""
-    dev = case.device
-    sh = shape or shape_of(case)
-    lf = layer_flops_per_token(sh)
-    tp, cp, ep, pp, vp = case.tp, case.cp, case.ep, case.pp, case.vp
-    sp = case.sequence_parallel
-    h = case.hidden
-    n_tok = case.micro_batch * case.seq_len / cp  # tokens per micro-batch on this device
-    imb = (case.moe_imbalance if case.moe_imbalance is not None else c.moe_imbalance) if case.is_moe else 1.0
+def tokens_per_micro_batch(case: Case) -> float:
+    """Tokens of one micro-batch on one device (context parallelism splits the sequence)."""
+    return case.micro_batch * case.seq_len / case.cp
 
-    # --- compute rates ---------------------------------------------------------------------------
-    prec = case.precision
-    peak = dev.peak(prec) * c.gemm_eff(prec) * clock
-    prec16 = "fp32" if prec in ("fp32", "tf32") else "bf16"
-    peak16 = dev.peak(prec16) * c.gemm_eff(prec16) * clock
-    knee = c.gemm_knee
 
-    bw_mem = dev.memory_bw * c.mem_eff
-    ab = 4.0 if prec in ("fp32", "tf32") else 2.0  # bytes per activation value
-    eb_bw = _ELEM_BYTES.get(prec, 2.0) / bw_mem
+def moe_imbalance(case: Case, c: Coefficients) -> float:
+    """Busiest expert rank ÷ mean: the case's own, else the calibration's; 1 for a dense model."""
+    return (case.moe_imbalance if case.moe_imbalance is not None else c.moe_imbalance) if case.is_moe else 1.0
 
-    def gemm(m_: float, k_: float, n_: float) -> float:
+
+# --- compute rates -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What one device sustains at a clock: GEMM rates, memory bandwidth and value sizes."""
+
+    peak: float  # FLOP/s of large GEMMs in the case's precision
+    peak16: float  # FLOP/s of large 16-bit (fp32 for fp32/tf32 runs) GEMMs: attention's rate
+    knee: float  # GEMM dimension at which efficiency halves
+    bw_mem: float  # bytes/s memory-bound kernels reach
+    ab: float  # bytes per activation value
+    eb_bw: float  # seconds of memory traffic per GEMM operand element
+
+    def gemm(self, m_: float, k_: float, n_: float) -> float:
         """Roofline time of an m×k by k×n GEMM: compute at the shape-scaled rate, or its traffic.
 
         The shape factor d/(d + knee) on the smallest dimension d models tile and wave quantisation.
         """
         d = m_ if m_ < k_ else k_
         d = d if d < n_ else n_
-        flops = 2 * m_ * k_ * n_ * (d + knee) / (peak * d)
-        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * eb_bw
+        flops = 2 * m_ * k_ * n_ * (d + self.knee) / (self.peak * d)
+        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * self.eb_bw
         return flops if flops > traffic else traffic
 
+
+def compute_rates(case: Case, c: Coefficients, clock: float = 1.0) -> Rates:
+    """The device's rates for ``case``; ``clock`` (≤ 1) scales compute throughput."""
+    dev = case.device
+    prec = case.precision
+    peak = dev.peak(prec) * c.gemm_eff(prec) * clock
+    prec16 = "fp32" if prec in ("fp32", "tf32") else "bf16"
+    peak16 = dev.peak(prec16) * c.gemm_eff(prec16) * clock
+    bw_mem = dev.memory_bw * c.mem_eff
+    ab = 4.0 if prec in ("fp32", "tf32") else 2.0
+    return Rates(peak=peak, peak16=peak16, knee=c.gemm_knee, bw_mem=bw_mem, ab=ab,
+                 eb_bw=_ELEM_BYTES.get(prec, 2.0) / bw_mem)
+
+
+# --- one layer, one micro-batch ---------------------------------------------------------------------
+
+def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> tuple[float, float]:
+    """(GEMM + attention time, attention-core time) of one layer's forward on one device."""
+    tp, h = case.tp, case.hidden
+    n_tok = tokens_per_micro_batch(case)
+    gemm = r.gemm
     kvw = case.kv_heads * (h // case.heads)
     mats = 3 if case.gated else 2
     t_dense = gemm(n_tok, h, (h + 2 * kvw) / tp) + gemm(n_tok, h / tp, h)
@@ -123,52 +151,98 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
         t_dense += gemm(n_tok, h, (mats - 1) * case.ffn / tp) + gemm(n_tok, case.ffn / tp, h)
     t_expert = 0.0
     if case.is_moe:
-        local = max(1.0, case.experts / ep)
-        m_exp = n_tok * case.top_k * imb / local  # tokens each local expert sees (busiest rank)
+        local = max(1.0, case.experts / case.ep)
+        m_exp = n_tok * case.top_k * moe_imbalance(case, c) / local  # tokens each local expert sees (busiest rank)
         fe = case.expert_ffn / tp
         t_expert = local * (gemm(m_exp, h, (mats - 1) * fe) + gemm(m_exp, fe, h))
-    s_loc = case.seq_len / cp
-    t_attn = 0.5 * lf.attention * n_tok / tp * (s_loc + knee) / (peak16 * c.attn_eff_ratio * s_loc)
-    t_comp_f = t_dense + t_expert + t_attn
+    s_loc = case.seq_len / case.cp
+    t_attn = 0.5 * lf.attention * n_tok / tp * (s_loc + r.knee) / (r.peak16 * c.attn_eff_ratio * s_loc)
+    return t_dense + t_expert + t_attn, t_attn
 
-    # --- memory-bound (elementwise) work, 16-bit values ---------------------------------------------
+
+def layer_memory(case: Case, c: Coefficients, r: Rates) -> float:
+    """Memory-bound (elementwise) time of one layer's forward: 16-bit values over HBM."""
+    tp, h = case.tp, case.hidden
+    sp = case.sequence_parallel
+    imb = moe_imbalance(case, c)
     ffn_act = (3 if case.gated else 2) * (
         case.top_k * case.expert_ffn * imb + case.ffn * case.shared_experts if case.is_moe else case.ffn)
     elem = (16 * h / (tp if sp else 1) + ffn_act / tp) * c.elementwise_scale
     if case.is_moe:
         # dispatch/combine: permute, un-permute, gate scaling, casts, per routed copy of a token
         elem += c.moe_dispatch_passes * case.top_k * h * imb / (tp if sp else 1)
-    t_mem_f = ab * n_tok * elem / bw_mem
+    return r.ab * tokens_per_micro_batch(case) * elem / r.bw_mem
 
-    # --- communication inside a layer ---------------------------------------------------------------
-    t_tp_f = 0.0
-    if tp > 1:
-        bw, lat = _link(case, c, 1, tp)
-        t_tp_f = 2 * _ring(ab * n_tok * h, tp, bw, lat)
-        if dev.transport == "gloo":
-            # gloo on a host CPU: each collective call also pays a rendezvous round trip, and sequence
-            # parallelism makes twice the calls (all-gather + reduce-scatter for each all-reduce)
-            t_tp_f += 2 * (2 if sp else 1) * GLOO_CALL_LATENCIES * lat
-        if case.overlap_tp:
-            t_tp_f *= c.tp_overlap_exposed
-    t_a2a_f = 0.0
-    if case.is_moe and ep > 1:
-        stride = tp * cp
-        node = dev.node
-        near = case.peers_in_domain(stride, ep)
-        vol = ab * n_tok / (tp if tp > 1 else 1) * case.top_k * h * imb  # bytes of one all-to-all
-        f_near = (near - 1) / (ep - 1)
-        t_one = vol * (ep - 1) / ep * (
-            f_near / (node.intra_node_bw * c.comm_eff_intra)
-            + (1 - f_near) / (node.inter_node_bw_per_device * c.comm_eff_inter))
-        t_one += ((node.intra_node_latency if near == ep else node.inter_node_latency) * c.comm_latency_scale
-                  * math.log2(ep))
-        t_a2a_f = 2 * t_one
-    t_cp_f = 0.0
-    if cp > 1:
-        bw, lat = _link(case, c, tp, cp)
-        kv_bytes = ab * n_tok * 2 * case.kv_heads * (h // case.heads) / tp
-        t_cp_f = max(0.0, (cp - 1) * (kv_bytes / bw + lat) - c.overlap_eff * t_attn)
+
+def tp_comm_time(case: Case, c: Coefficients, r: Rates) -> float:
+    """Exposed tensor-parallel communication of one layer's forward (the backward has as much)."""
+    tp = case.tp
+    if tp <= 1:
+        return 0.0
+    bw, lat = _link(case, c, 1, tp)
+    t = 2 * _ring(r.ab * tokens_per_micro_batch(case) * case.hidden, tp, bw, lat)
+    if case.device.transport == "gloo":
+        # gloo on a host CPU: each collective call also pays a rendezvous round trip, and sequence
+        # parallelism makes twice the calls (all-gather + reduce-scatter for each all-reduce)
+        t += 2 * (2 if case.sequence_parallel else 1) * GLOO_CALL_LATENCIES * lat
+    if case.overlap_tp:
+        t *= c.tp_overlap_exposed
+    return t
+
+
+def ep_all_to_all_time(case: Case, c: Coefficients, r: Rates) -> float:
+    """Expert-parallel dispatch + combine all-to-alls of one MoE layer's forward."""
+    ep, tp = case.ep, case.tp
+    if not (case.is_moe and ep > 1):
+        return 0.0
+    stride = tp * case.cp
+    node = case.device.node
+    near = case.peers_in_domain(stride, ep)
+    # bytes of one all-to-all
+    vol = r.ab * tokens_per_micro_batch(case) / (tp if tp > 1 else 1) * case.top_k * case.hidden * moe_imbalance(case, c)
+    f_near = (near - 1) / (ep - 1)
+    t_one = vol * (ep - 1) / ep * (
+        f_near / (node.intra_node_bw * c.comm_eff_intra)
+        + (1 - f_near) / (node.inter_node_bw_per_device * c.comm_eff_inter))
+    t_one += ((node.intra_node_latency if near == ep else node.inter_node_latency) * c.comm_latency_scale
+              * math.log2(ep))
+    return 2 * t_one
+
+
+def cp_comm_time(case: Case, c: Coefficients, r: Rates, t_attn: float) -> float:
+    """Context-parallel K/V ring exchange of one layer's forward, beyond what attention hides."""
+    cp = case.cp
+    if cp <= 1:
+        return 0.0
+    bw, lat = _link(case, c, case.tp, cp)
+    h = case.hidden
+    kv_bytes = r.ab * tokens_per_micro_batch(case) * 2 * case.kv_heads * (h // case.heads) / case.tp
+    return max(0.0, (cp - 1) * (kv_bytes / bw + lat) - c.overlap_eff * t_attn)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """One transformer layer, one micro-batch, one device (seconds; ``*_f``: forward only)."""
+
+    compute_f: float  # GEMMs + attention
+    attention_f: float  # the attention core (what selective recompute repeats)
+    memory_f: float  # elementwise work
+    tp_f: float  # exposed TP collectives
+    a2a_f: float  # EP all-to-all
+    cp_f: float  # exposed CP exchange
+    overhead_f: float  # host/launch overhead
+    forward: float
+    backward: float  # including recomputation
+    compute: float  # compute of forward + backward + recomputation
+
+
+def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> LayerTime:
+    """Forward and backward time of one layer (backward = 2 × forward's compute; LoRA: 1 ×)."""
+    t_comp_f, t_attn = layer_compute(case, c, r, lf)
+    t_mem_f = layer_memory(case, c, r)
+    t_tp_f = tp_comm_time(case, c, r)
+    t_a2a_f = ep_all_to_all_time(case, c, r)
+    t_cp_f = cp_comm_time(case, c, r, t_attn)
     t_ovh = c.layer_overhead_s + (c.moe_layer_overhead_s if case.is_moe else 0.0)
     layer_f = t_comp_f + t_mem_f + t_tp_f + t_a2a_f + t_cp_f + t_ovh
     # backward = activation gradients + weight gradients (2 × forward); LoRA skips weight gradients
@@ -181,60 +255,119 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     elif case.recompute == "selective":
         layer_b += t_attn
         comp_layer += t_attn
+    return LayerTime(compute_f=t_comp_f, attention_f=t_attn, memory_f=t_mem_f, tp_f=t_tp_f, a2a_f=t_a2a_f,
+                     cp_f=t_cp_f, overhead_f=t_ovh, forward=layer_f, backward=layer_b, compute=comp_layer)
 
-    # --- first/last stage extras ---------------------------------------------------------------------
-    t_head_comp = gemm(n_tok, h, case.vocab / tp)
-    t_head_mem = n_tok * case.vocab / tp * 14 / bw_mem  # 16-bit logits, fp32 softmax and its grad
-    head_f = t_head_comp + t_head_mem
-    head_b = 2 * t_head_comp + t_head_mem
-    emb = 2 * ab * n_tok * h / bw_mem
 
-    # --- pipeline -----------------------------------------------------------------------------------
+# --- first/last stage extras --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class HeadTime:
+    """The logit layer and loss (last stage) and the embedding (first stage), one micro-batch."""
+
+    compute: float  # the logit GEMM, forward
+    memory: float  # 16-bit logits, fp32 softmax and its gradient
+    forward: float
+    backward: float
+    embedding: float  # one embedding pass (forward, backward and the gradient update make 3)
+
+
+def head_time(case: Case, r: Rates) -> HeadTime:
+    n_tok = tokens_per_micro_batch(case)
+    h, tp = case.hidden, case.tp
+    t_head_comp = r.gemm(n_tok, h, case.vocab / tp)
+    t_head_mem = n_tok * case.vocab / tp * 14 / r.bw_mem  # 16-bit logits, fp32 softmax and its grad
+    return HeadTime(compute=t_head_comp, memory=t_head_mem, forward=t_head_comp + t_head_mem,
+                    backward=2 * t_head_comp + t_head_mem, embedding=2 * r.ab * n_tok * h / r.bw_mem)
+
+
+# --- pipeline ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PipelineTime:
+    """Per micro-batch times of the pipeline ranks, and the step's busy time and bubble."""
+
+    p2p: float  # one activation send between stages
+    slowest_rank: float  # one micro-batch (fwd + bwd) on the slowest pipeline rank
+    mean_rank: float  # the same, mean over pipeline ranks
+    compute_all_ranks: float  # compute of one micro-batch summed over the pipeline ranks
+    busy: float  # micro-batches × slowest rank
+    bubble: float  # fill and drain: (pp − 1)/v × mean rank
+
+
+def pipeline_time(case: Case, c: Coefficients, r: Rates, layer: LayerTime, head: HeadTime) -> PipelineTime:
+    """Step time of the pipeline without DP/optimizer work: ``m · max_i T_i + (pp−1)/v · mean_i T_i``.
+
+    Per pipeline rank: its layers, plus the embedding on the first and the logit layer on the last.
+    Only the first, the last and the fullest middle rank can be the slowest one.
+    """
+    tp, cp, pp, vp = case.tp, case.cp, case.pp, case.vp
     layers = rank_layers(case)
-    m = case.micro_batches
     p2p = 0.0
     if pp > 1:
         bw, lat = _link(case, c, tp * cp * case.dp, pp)
-        p2p = ab * n_tok * h / (tp if sp else 1) / bw + lat
-    # Per pipeline rank: its layers, plus the embedding on the first and the logit layer on the last.
-    # Only the first, the last and the fullest middle rank can be the slowest one.
-    per_layer = layer_f + layer_b
+        p2p = r.ab * tokens_per_micro_batch(case) * case.hidden / (tp if case.sequence_parallel else 1) / bw + lat
+    per_layer = layer.forward + layer.backward
     p2p_rank = 2 * vp * p2p if pp > 1 else 0.0
-    head = head_f + head_b
+    head_fb = head.forward + head.backward
+    emb = head.embedding
     n_first, n_last = layers[0], layers[-1]
     if pp == 1:
-        t_first = t_last = n_first * per_layer + head + 3 * emb
-        cands = [(t_first, n_first * comp_layer + 3 * t_head_comp)]
+        t_first = n_first * per_layer + head_fb + 3 * emb
+        cands = [t_first]
         total_t = t_first
-        total_c = cands[0][1]
+        total_c = n_first * layer.compute + 3 * head.compute
     else:
         t_first = n_first * per_layer + p2p_rank + 3 * emb
-        t_last = n_last * per_layer + p2p_rank + head
-        cands = [(t_first, n_first * comp_layer), (t_last, n_last * comp_layer + 3 * t_head_comp)]
+        t_last = n_last * per_layer + p2p_rank + head_fb
+        cands = [t_first, t_last]
         if pp > 2:
-            n_mid = max(layers[1:-1])
-            cands.append((n_mid * per_layer + p2p_rank, n_mid * comp_layer))
-        total_t = case.layers * per_layer + pp * p2p_rank + head + 3 * emb
-        total_c = case.layers * comp_layer + 3 * t_head_comp
-    t_max, comp_crit = max(cands)
+            cands.append(max(layers[1:-1]) * per_layer + p2p_rank)
+        total_t = case.layers * per_layer + pp * p2p_rank + head_fb + 3 * emb
+        total_c = case.layers * layer.compute + 3 * head.compute
+    t_max = max(cands)
     t_mean = total_t / pp
-    bubble = (pp - 1) / vp * t_mean if pp > 1 else 0.0
-    busy = m * t_max
-    critical_compute = m * comp_crit + ((pp - 1) / vp * total_c / pp if pp > 1 else 0.0)
+    return PipelineTime(p2p=p2p, slowest_rank=t_max, mean_rank=t_mean, compute_all_ranks=total_c,
+                        busy=case.micro_batches * t_max, bubble=(pp - 1) / vp * t_mean if pp > 1 else 0.0)
 
-    # --- data-parallel / FSDP collectives -----------------------------------------------------------
+
+# --- data-parallel / FSDP collectives ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LocalParameters:
+    """Parameters one device holds (fullest pipeline stage) and the groups that replicate them."""
+
+    dense: float
+    expert: float
+    dense_group: int  # ranks holding a replica of the dense parameters (dp × cp)
+    expert_group: int  # ranks holding a replica of one expert's parameters (dense group ÷ ep)
+
+
+def local_parameters(case: Case, sh: Shape) -> LocalParameters:
+    tp, ep, pp = case.tp, case.ep, case.pp
     p = parameter_counts(sh)
-    n_stage = max(layers)
+    n_stage = max(rank_layers(case))
     dense_dev = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers * n_stage / tp
     dense_dev += (p["embedding"] + p["head"]) / tp / pp  # spread: first/last stage hold them
     expert_dev = p["experts"] / case.layers * n_stage / (tp * ep)
-    d_dense = case.dp * cp
-    d_exp = max(1, d_dense // ep)
+    d_dense = case.dp * case.cp
+    return LocalParameters(dense=dense_dev, expert=expert_dev, dense_group=d_dense, expert_group=max(1, d_dense // ep))
+
+
+def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slowest_rank: float) -> tuple[float, float]:
+    """(exposed DP gradient reduction, exposed FSDP gathers and reductions) of one step.
+
+    They hide behind ``overlap_eff`` × the compute window of the slowest pipeline rank's micro-batch
+    (``slowest_rank``: about one third forward, two thirds backward).
+    """
+    tp, cp, ep, pp, vp = case.tp, case.cp, case.ep, case.pp, case.vp
+    dense_dev, expert_dev = params.dense, params.expert
+    d_dense, d_exp = params.dense_group, params.expert_group
     bw_d, lat_d = _link(case, c, tp, d_dense)
     bw_e, lat_e = _link(case, c, tp * cp * ep, d_exp)
-    grad_b = 4.0
-    t_f_stage = t_max / 3  # ~ forward share of one micro-batch on the critical rank
-    t_b_stage = t_max - t_f_stage
+    grad_b = GRAD_BYTES
+    t_f_stage = slowest_rank / 3  # ~ forward share of one micro-batch on the critical rank
+    t_b_stage = slowest_rank - t_f_stage
     dp_exposed = 0.0
     fsdp_exposed = 0.0
     if case.lora:
@@ -244,7 +377,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
         rs = _half_ring(dense_dev * grad_b, d_dense, bw_d, lat_d) + _half_ring(expert_dev * grad_b, d_exp, bw_e, lat_e)
         ovl = c.overlap_eff if case.overlap_fsdp else 0.0
         per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag + rs - ovl * t_b_stage)
-        fsdp_exposed = m * per_mb + ag / max(1, n_stage)  # the first layer's gather cannot hide
+        fsdp_exposed = case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))  # the first layer's gather cannot hide
     else:
         if case.distributed_optimizer:
             rs = (_half_ring(dense_dev * grad_b, d_dense, bw_d, lat_d)
@@ -259,32 +392,60 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
             dp_exposed += max(0.0, ag - c.overlap_eff * t_f_stage)
         else:
             dp_exposed += ag
+    return dp_exposed, fsdp_exposed
 
-    # --- optimizer ----------------------------------------------------------------------------------
-    shard = d_dense if (case.fsdp or case.distributed_optimizer) else 1
-    shard_e = d_exp if (case.fsdp or case.distributed_optimizer) else 1
-    t_opt = ((dense_dev / shard + expert_dev / shard_e) * OPT_BYTES_PER_PARAM
-             + (dense_dev + expert_dev) * grad_b) / bw_mem
 
-    total = busy + bubble + dp_exposed + fsdp_exposed + t_opt + c.step_overhead_s
+# --- optimizer ------------------------------------------------------------------------------------------
+
+def optimizer_time(case: Case, params: LocalParameters, r: Rates) -> float:
+    """The optimizer step: ~32 bytes per local (sharded) parameter plus reading the gradients."""
+    sharded = case.fsdp or case.distributed_optimizer
+    shard = params.dense_group if sharded else 1
+    shard_e = params.expert_group if sharded else 1
+    return ((params.dense / shard + params.expert / shard_e) * OPT_BYTES_PER_PARAM
+            + (params.dense + params.expert) * GRAD_BYTES) / r.bw_mem
+
+
+# --- the step -----------------------------------------------------------------------------------------
+
+def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | None = None) -> StepTime:
+    """Predict one step's time. ``clock`` (≤ 1) scales compute throughput (power/thermal limits)."""
+    sh = shape or shape_of(case)
+    r = compute_rates(case, c, clock)
+    layer = layer_time(case, c, r, layer_flops_per_token(sh))
+    head = head_time(case, r)
+    pipe = pipeline_time(case, c, r, layer, head)
+    params = local_parameters(case, sh)
+    dp_exposed, fsdp_exposed = data_parallel_time(case, c, params, pipe.slowest_rank)
+    t_opt = optimizer_time(case, params, r)
+    total = pipe.busy + pipe.bubble + dp_exposed + fsdp_exposed + t_opt + c.step_overhead_s
+    m, pp = case.micro_batches, case.pp
     n_layers_dev = case.layers / pp
-    bd = {
-        "compute_s": m * n_layers_dev * comp_layer,
-        "memory_bound_s": m * n_layers_dev * 3 * t_mem_f,
-        "tp_comm_exposed_s": m * n_layers_dev * (2 + (case.recompute == "full")) * t_tp_f,
-        "ep_all_to_all_s": m * n_layers_dev * (2 + (case.recompute == "full")) * t_a2a_f,
-        "cp_comm_exposed_s": m * n_layers_dev * 3 * t_cp_f,
-        "pp_p2p_s": m * 2 * vp * p2p if pp > 1 else 0.0,
-        "pp_bubble_s": bubble,
-        "pp_stage_imbalance_s": m * (t_max - t_mean),
+    compute_mean = m * pipe.compute_all_ranks / pp
+    memory_mean = m * (n_layers_dev * 3 * layer.memory_f + 2 * head.memory / pp) + t_opt
+    return StepTime(total_s=total, breakdown=_breakdown(case, c, layer, head, pipe, dp_exposed, fsdp_exposed, t_opt),
+                    compute_s=compute_mean, memory_s=memory_mean, burst_s=pipe.slowest_rank / case.vp)
+
+
+def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pipe: PipelineTime,
+               dp_exposed: float, fsdp_exposed: float, t_opt: float) -> dict[str, float]:
+    """The step's parts (seconds, summed over micro-batches on the mean pipeline rank)."""
+    m, pp, vp = case.micro_batches, case.pp, case.vp
+    n_layers_dev = case.layers / pp
+    comm_passes = 2 + (case.recompute == "full")  # forward, backward and a recomputed forward
+    return {
+        "compute_s": m * n_layers_dev * layer.compute,
+        "memory_bound_s": m * n_layers_dev * 3 * layer.memory_f,
+        "tp_comm_exposed_s": m * n_layers_dev * comm_passes * layer.tp_f,
+        "ep_all_to_all_s": m * n_layers_dev * comm_passes * layer.a2a_f,
+        "cp_comm_exposed_s": m * n_layers_dev * 3 * layer.cp_f,
+        "pp_p2p_s": m * 2 * vp * pipe.p2p if pp > 1 else 0.0,
+        "pp_bubble_s": pipe.bubble,
+        "pp_stage_imbalance_s": m * (pipe.slowest_rank - pipe.mean_rank),
         "dp_comm_exposed_s": dp_exposed,
         "fsdp_comm_exposed_s": fsdp_exposed,
         "optimizer_s": t_opt,
-        "overhead_s": c.step_overhead_s + m * n_layers_dev * 3 * t_ovh,
-        "head_s": m * (head_f + head_b) / pp,
+        "overhead_s": c.step_overhead_s + m * n_layers_dev * 3 * layer.overhead_f,
+        "head_s": m * (head.forward + head.backward) / pp,
         "micro_batches": float(m),
     }
-    compute_mean = m * total_c / pp
-    memory_mean = m * (n_layers_dev * 3 * t_mem_f + 2 * t_head_mem / pp) + t_opt
-    return StepTime(total_s=total, breakdown=bd, compute_s=compute_mean, memory_s=memory_mean,
-                    critical_compute_s=critical_compute, burst_s=t_max / vp)
