@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from powertrain.core.series import clip_interp, trapezoid_j
 from powertrain.importers.common import (
     RunBuilder,
     SourceFormatError,
@@ -381,17 +382,9 @@ def import_mlperf(paths: Sequence[str | Path], name: str | None = None,
     return b
 
 
-def _reference_window_energy() -> Callable[[np.ndarray, np.ndarray, int, int], float] | None:
-    """``powertrain.analyze.signal``'s window integral, if that package is installed, else ``None``."""
-    try:
-        from powertrain.analyze.signal import clip_interp, trapezoid_j
-    except ImportError:
-        return None
-
-    def energy(t: np.ndarray, w: np.ndarray, a: int, b: int) -> float:
-        return trapezoid_j(*clip_interp(t, w, a, b)) or 0.0
-
-    return energy
+def _run_window_energy(t: np.ndarray, w: np.ndarray, a: int, b: int) -> float:
+    """Energy of one node's power over [a, b]: the reference window integral the analysis uses too."""
+    return trapezoid_j(*clip_interp(t, w, a, b)) or 0.0
 
 
 def _add_energy(events: list[dict[str, Any]], series: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -404,21 +397,19 @@ def _add_energy(events: list[dict[str, Any]], series: dict[str, tuple[np.ndarray
     total = 0.0
     short_nodes = []
     step_e = np.zeros(len(steps))
-    run_energy = _reference_window_energy()
     for host, (t, w) in series.items():
-        e_run, cov = energy_between_j(t, w, run["t_start_ns"], run["t_end_ns"])
-        if run_energy is not None:  # the analysis package's integral, when present: one definition
-            e_run = [run_energy(t, w, run["t_start_ns"], run["t_end_ns"])]
-        total += float(e_run[0])
+        _, cov = energy_between_j(t, w, run["t_start_ns"], run["t_end_ns"])
+        total += _run_window_energy(t, w, run["t_start_ns"], run["t_end_ns"])
         if cov[0] < (run["t_end_ns"] - run["t_start_ns"]) / 1e9 - 5.0:
             short_nodes.append(host)
         if steps:
             e, c = energy_between_j(t, w, a, z)
             step_e += np.where(c > 0, e, np.nan)
+    # The label predates the integral's move from powertrain.analyze.signal to powertrain.core.series;
+    # it is kept as written so that imported run.json files stay byte-identical.
     summary["integration"] = (
-        "run window: " + ("powertrain.analyze.signal.trapezoid_j over clip_interp" if run_energy
-                          else "powertrain.importers.energy (trapezoid)")
-        + "; steps: powertrain.importers.energy.energy_between_j (same rule, vectorised); summed over nodes")
+        "run window: powertrain.analyze.signal.trapezoid_j over clip_interp"
+        "; steps: powertrain.importers.energy.energy_between_j (same rule, vectorised); summed over nodes")
     if short_nodes:
         b.warn(f"power readings of {len(short_nodes)} node(s) cover less of the run window than the run "
                f"(missing >5 s): {', '.join(short_nodes[:5])}; their energy counts only the covered part")
