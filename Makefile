@@ -5,13 +5,15 @@ demo:            ## set up, run a small real characterization job on this CPU, a
 	@scripts/setup.sh
 	@scripts/demo.sh
 
-test:            ## set up (including Slurm and Chromium when root) and run lint + the whole test suite
+test:            ## set up (including Slurm and Chromium when root), run lint (ruff, import contracts, mypy) + the whole test suite
 	@scripts/setup.sh --system
-	@.venv/bin/ruff check src tests benchmarks
+	@$(MAKE) --no-print-directory lint
 	@.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
-lint:
+lint:            ## ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy ([tool.mypy])
 	@.venv/bin/ruff check src tests benchmarks
+	@.venv/bin/lint-imports
+	@.venv/bin/mypy
 
 setup:
 	@scripts/setup.sh
