@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from powertrain.analyze import format_value
-from powertrain.cli import app
+from powertrain.cli.root import app
 
 # Piped into a file (`| tee`), rich would fold the table to 80 columns; keep it readable there too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from powertrain.cli import app
+from powertrain.cli.root import app
 from powertrain.monitor import MonitorError, run_command
 from powertrain.slurm_tasks import run_task_command, slurm_task
 from powertrain.store.tables import read_telemetry
 from powertrain.telemetry.quicklook import per_device
+
+if TYPE_CHECKING:
+    from powertrain.live.parse import LiveStepParser
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -121,23 +125,10 @@ def monitor(
         out = Path("runs") / f"monitor-{dt.datetime.now():%Y%m%d-%H%M%S}"
     parser = None
     try:
-        if prometheus:
-            from powertrain.live.prometheus import parse_listen
-
-            parse_listen(prometheus)  # a bad value is a usage error before anything starts
+        _check_listen(prometheus)  # a bad value is a usage error before anything starts
         task = slurm_task()
-        if parse:
-            from powertrain.live.parse import LiveStepParser
-
-            # under srun each task parses its own output into its own rank's file
-            parser = LiveStepParser(parse, out, seq_len=seq_len,
-                                    warmup_steps=1 if warmup_steps is None else warmup_steps,
-                                    default_rank=task["procid"] if task else 0)
-        kw: dict[str, Any] = {"rate_hz": rate, "backends": backends if backends == "auto" else backends.split(","),
-                              "echo": not quiet, "on_output": parser.feed if parser else None,
-                              "on_exit": parser.close if parser else None, "prometheus": prometheus,
-                              # run.json's declared warm-up, applied to steps recorded without a window
-                              "warmup_steps": warmup_steps or 0}
+        parser = _step_parser(parse, out, seq_len, warmup_steps, task)
+        kw = _run_options(rate, backends, not quiet, parser, prometheus, warmup_steps)
         if task is not None:
             code, info = run_task_command(command, out, task, **kw)
         else:
@@ -149,11 +140,45 @@ def monitor(
         if parser is not None:
             parser.close()
     if parser is not None:
-        err.print(f"parsed {parser.lines} {parse} step line(s) into {parser.steps} event(s) in {out}/events/")
-        if parser.lines == 0:
-            err.print(f"[yellow]no {parse} step line was seen in the command's output[/]")
-    if not info:  # a Slurm task that does not own the run
-        raise typer.Exit(code if code >= 0 else 128 - code)
-    print_summary(out, info)
-    sys.stdout.flush()
+        _report_parsed(parser, out)
+    if info:  # a Slurm task that does not own the run has none
+        print_summary(out, info)
+        sys.stdout.flush()
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _check_listen(prometheus: str | None) -> None:
+    """``--prometheus``: a bad ``[HOST:]PORT`` raises ``ValueError``."""
+    if prometheus:
+        from powertrain.live.prometheus import parse_listen
+
+        parse_listen(prometheus)
+
+
+def _run_options(rate: float, backends: str, echo: bool, parser: LiveStepParser | None, prometheus: str | None,
+                 warmup_steps: int | None) -> dict[str, Any]:
+    """Keyword arguments of :func:`run_command` / :func:`run_task_command` from the options."""
+    return {"rate_hz": rate, "backends": backends if backends == "auto" else backends.split(","),
+            "echo": echo, "on_output": parser.feed if parser else None,
+            "on_exit": parser.close if parser else None, "prometheus": prometheus,
+            # run.json's declared warm-up, applied to steps recorded without a window
+            "warmup_steps": warmup_steps or 0}
+
+
+def _step_parser(parse: str | None, out: Path, seq_len: int | None, warmup_steps: int | None,
+                 task: Mapping[str, int] | None) -> LiveStepParser | None:
+    """``--parse``: the live parser of the command's step lines, else ``None``."""
+    if not parse:
+        return None
+    from powertrain.live.parse import LiveStepParser
+
+    # under srun each task parses its own output into its own rank's file
+    return LiveStepParser(parse, out, seq_len=seq_len, warmup_steps=1 if warmup_steps is None else warmup_steps,
+                          default_rank=task["procid"] if task else 0)
+
+
+def _report_parsed(parser: LiveStepParser, out: Path) -> None:
+    """What ``--parse`` made of the command's output."""
+    err.print(f"parsed {parser.lines} {parser.engine} step line(s) into {parser.steps} event(s) in {out}/events/")
+    if parser.lines == 0:
+        err.print(f"[yellow]no {parser.engine} step line was seen in the command's output[/]")

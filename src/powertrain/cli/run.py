@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from powertrain.cli import app
+from powertrain.cli.root import app
 from powertrain.monitor import MonitorError
-from powertrain.spec.run import load_run_config
+from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.spec.validate import validate
+
+if TYPE_CHECKING:
+    from powertrain.launch.local import RunResult
 
 err = Console(stderr=True, soft_wrap=True)  # one message, one line (terminals wrap it)
 
@@ -97,6 +101,31 @@ def run(
 
     A sweep spec (base + grid) is run with `powertrain sweep`, not `run`.
     """
+    cfg = _checked_config(spec)
+    if check_only:
+        err.print(f"[green]ok:[/] {spec} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
+                  f"world {cfg.world})")
+        return
+    from powertrain.launch.local import launch_local
+
+    try:
+        nodes = _node_options(cfg, nnodes, node_rank, master_addr, master_port)
+        if out is None:
+            if nodes.nnodes > 1:
+                raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")
+            out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
+                           echo=not quiet, timeout_s=timeout, host=host, nnodes=nodes.nnodes,
+                           node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port)
+    except (MonitorError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    _report(res, nodes.node_rank)
+
+
+def _checked_config(spec: Path) -> RunConfig:
+    """SPEC loaded and validated; a sweep spec, an unreadable spec or a broken rule ends the command
+    (exit 2) with the problems and their fixes."""
     sweep_error = _sweep_spec_error(spec) if spec.is_file() else None
     if sweep_error:
         err.print(f"[red]error:[/] {escape(sweep_error)}")
@@ -112,31 +141,36 @@ def run(
         for v in violations:
             err.print(f"  [bold]{v.rule}[/]: {escape(v.message)}\n    fix: {escape(v.fix)}")
         raise typer.Exit(2)
-    if check_only:
-        err.print(f"[green]ok:[/] {spec} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
-                  f"world {cfg.world})")
-        return
-    from powertrain.launch.local import launch_local, slurm_nodes
+    return cfg
 
-    try:
-        # Slurm's view of the job only matters to a multi-node spec: a one-node spec runs here alone.
-        slurm = (slurm_nodes() if cfg.hardware.nodes > 1 else None) or {}
-        nodes = {"nnodes": nnodes or slurm.get("nnodes", 1),
-                 "node_rank": node_rank if node_rank is not None else slurm.get("node_rank", 0),
-                 "master_addr": master_addr or slurm.get("master_addr"),
-                 "master_port": master_port or slurm.get("master_port")}
-        if out is None:
-            if nodes["nnodes"] > 1:
-                raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")
-            out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-        res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
-                           echo=not quiet, timeout_s=timeout, host=host, **nodes)
-    except (MonitorError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    if nodes["node_rank"] != 0:  # node 0 reports the run; this node only its own share
+
+@dataclass(frozen=True)
+class _Nodes:
+    """This node's place in the run: the command line's node options, else Slurm's."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str | None
+    master_port: int | None
+
+
+def _node_options(cfg: RunConfig, nnodes: int | None, node_rank: int | None, master_addr: str | None,
+                  master_port: int | None) -> _Nodes:
+    from powertrain.launch.local import slurm_nodes
+
+    # Slurm's view of the job only matters to a multi-node spec: a one-node spec runs here alone.
+    slurm = (slurm_nodes() if cfg.hardware.nodes > 1 else None) or {}
+    return _Nodes(nnodes=nnodes or slurm.get("nnodes", 1),
+                  node_rank=node_rank if node_rank is not None else slurm.get("node_rank", 0),
+                  master_addr=master_addr or slurm.get("master_addr"),
+                  master_port=master_port or slurm.get("master_port"))
+
+
+def _report(res: RunResult, node_rank: int) -> NoReturn:
+    """How the run (node 0) or this node's share (other nodes) ended; exits 0 when ok, else 1."""
+    if node_rank != 0:  # node 0 reports the run; this node only its own share
         colour = "green" if res.status == "ok" else "red"
-        err.print(f"[bold]node {nodes['node_rank']}[/] of run {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
+        err.print(f"[bold]node {node_rank}[/] of run {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
                   + (f" — {escape(res.reason)}" if res.reason else ""))
         raise typer.Exit(0 if res.status == "ok" else 1)
     colour = "green" if res.status == "ok" else "red"

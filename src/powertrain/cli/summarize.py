@@ -13,7 +13,7 @@ from rich.table import Table
 
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, summarize_sweep
 from powertrain.analyze.metrics import METRICS
-from powertrain.cli import app
+from powertrain.cli.root import app
 
 # Piped or captured, rich would fold the table to 80 columns; keep run ids whole there too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)

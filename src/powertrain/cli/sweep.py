@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from powertrain.cli import app
 from powertrain.cli.plan import print_plan
+from powertrain.cli.root import app
 from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
 from powertrain.plan.planner import plan
 from powertrain.plan.state import SweepLocked, SweepState

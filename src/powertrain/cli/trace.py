@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from powertrain.cli import app
+from powertrain.cli.root import app
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
