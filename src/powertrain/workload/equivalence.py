@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -19,8 +20,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from powertrain.diagnostics import show_on_stderr
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def reference_config(cfg: RunConfig) -> RunConfig:
@@ -55,8 +59,7 @@ def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
         t0 = time.perf_counter()
         out[case["name"]] = [t.step(i).loss for i in range(int(case.get("steps", 5)))]
         if dist.get_rank() == 0:
-            print(f"{case['name']}: built in {t0 - t_build:.1f} s, trained in {time.perf_counter() - t0:.1f} s",
-                  file=sys.stderr, flush=True)
+            log.info("%s: built in %.1f s, trained in %.1f s", case["name"], t0 - t_build, time.perf_counter() - t0)
         t.close()
         del t
         gc.collect()
@@ -66,8 +69,9 @@ def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    show_on_stderr(logging.INFO)  # the usage text and rank 0's per-case timings, on stderr as before
     if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
+        log.error("%s", __doc__)
         return 2
     from powertrain.workload.train import init_distributed
 

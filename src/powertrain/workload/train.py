@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import sys
 import time
@@ -21,9 +22,12 @@ import torch
 import torch.distributed as dist
 
 from powertrain import hooks
+from powertrain.diagnostics import show_on_stderr
 from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.store.rundir import write_json_atomic
 from powertrain.workload.mesh import device_type
+
+log = logging.getLogger(__name__)
 
 
 def load_spec(path: Path) -> RunConfig:
@@ -67,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         saved = _redirect(run_dir / "logs" / f"rank-{rank}.log")
         console = os.fdopen(saved, "w", buffering=1) if rank == 0 else None
+    show_on_stderr()  # this rank's diagnostics (powertrain loggers) go to its stderr: the rank log under a run
     rec = None
     trainer = None
     try:
         from powertrain.workload.run_loop import run_protocol
-        from powertrain.workload.trainer import Trainer
+        from powertrain.workload.trainer import StepResult, Trainer
 
         cfg = load_spec(args.spec)
         dev = init_distributed()
@@ -83,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
               f"dp-sync {trainer.par.dp_mode} {'; '.join(trainer.par.notes)}", flush=True)
         total = cfg.protocol.warmup_steps + cfg.protocol.measured_steps
 
-        def report(res: object) -> None:
-            line = (f"step {res.step + 1}/{total} [{res.window}] loss {res.loss:.4f} "  # type: ignore[attr-defined]
-                    f"{res.seconds * 1e3:.0f} ms")  # type: ignore[attr-defined]
+        def report(res: StepResult) -> None:
+            line = f"step {res.step + 1}/{total} [{res.window}] loss {res.loss:.4f} {res.seconds * 1e3:.0f} ms"
             print(line, flush=True)
             if console is not None:
                 print(f"powertrain: {line}", file=console, flush=True)
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         run_protocol(trainer, run_dir, on_step=report)
     except BaseException as exc:  # every failure is recorded, then the rank exits non-zero
         tb = traceback.format_exc()
-        print(tb, file=sys.stderr, flush=True)
+        log.error("%s", tb)
         if run_dir is not None:
             write_json_atomic(run_dir / "logs" / f"rank-{rank}.error.json",
                               {"rank": rank, "t_ns": time.time_ns(), "error": f"{type(exc).__name__}: {exc}",
