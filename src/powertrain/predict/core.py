@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from powertrain.core.flops import model_flops_per_step, recompute_flops_per_token, shape_of
-from powertrain.predict.calibration import Calibration, load_calibration
+from powertrain.core.flops import Shape, model_flops_per_step, recompute_flops_per_token, shape_of
+from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.memory import memory_per_device
-from powertrain.predict.power import clock_factor, device_power
-from powertrain.predict.steptime import step_time
-from powertrain.predict.thermal import slot_temperatures
+from powertrain.predict.power import DevicePower, clock_factor, device_power
+from powertrain.predict.steptime import StepTime, step_time
+from powertrain.predict.thermal import SlotThermal, slot_temperatures
 
 METRIC_NAMES = (
     "step_time_mean_s", "tokens_per_s", "samples_per_s", "tokens_per_s_per_device", "tflops_per_device",
@@ -107,25 +107,11 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
     pw = device_power(dev, c, st.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
     dpn = min(case.devices_per_node, world)
     slots = slot_temperatures(dev, dpn, pw.mean_w, pw.peak_w, st.burst_s)
-    throttled = [s for s in slots if s.throttled]
+    throttled = any(s.throttled for s in slots)
     powers = [pw]
     thermal_clock = 1.0
     if throttled:
-        # the hottest slot caps its mean power; the whole synchronous job runs at its pace
-        allowed = min(s.allowed_power_w or pw.mean_w for s in throttled)
-        comp_dyn = (pw.compute_w - dev.idle_w) * st.compute_s / st.total_s
-        if comp_dyn > 0:
-            share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
-            thermal_clock = max(0.3, share ** (1.0 / c.power_clock_exponent))
-        st_slow = step_time(case, c, clock * thermal_clock, sh)
-        hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
-                           clock * thermal_clock)
-        cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
-        powers = [hot if s.throttled else cool for s in slots for _ in s.slots]
-        st = st_slow
-        slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st.burst_s)
-        slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
-                         peak_c=dev.slowdown_c or s.peak_c) if s.throttled else s for s in slots]
+        st, powers, slots, thermal_clock = _thermal_stragglers(case, c, sh, clock, st, pw, slots)
 
     t = st.total_s
     tokens = case.global_batch * case.seq_len
@@ -169,3 +155,31 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
                        "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")
     return Prediction(metrics=metrics, why_null=why, fits=fits, calibration=cal.name, model_error=cal.error,
                       raw=raw)
+
+
+def _thermal_stragglers(case: Case, c: Coefficients, sh: Shape, clock: float, st: StepTime, pw: DevicePower,
+                        slots: list[SlotThermal]) -> tuple[StepTime, list[DevicePower], list[SlotThermal], float]:
+    """Slots that would pass their slowdown temperature throttle, and the synchronous job runs at their pace.
+
+    Returns the slower step time, each device's power (throttled slots at the lower clock), the slots
+    (throttled ones held at the slowdown temperature) and the thermal clock factor.
+    """
+    dev = case.device
+    dpn = min(case.devices_per_node, case.world)
+    throttled = [s for s in slots if s.throttled]
+    thermal_clock = 1.0
+    # the hottest slot caps its mean power; the whole synchronous job runs at its pace
+    allowed = min(s.allowed_power_w or pw.mean_w for s in throttled)
+    comp_dyn = (pw.compute_w - dev.idle_w) * st.compute_s / st.total_s
+    if comp_dyn > 0:
+        share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
+        thermal_clock = max(0.3, share ** (1.0 / c.power_clock_exponent))
+    st_slow = step_time(case, c, clock * thermal_clock, sh)
+    hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
+                       clock * thermal_clock)
+    cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
+    powers = [hot if s.throttled else cool for s in slots for _ in s.slots]
+    slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st_slow.burst_s)
+    slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
+                     peak_c=dev.slowdown_c or s.peak_c) if s.throttled else s for s in slots]
+    return st_slow, powers, slots, thermal_clock
