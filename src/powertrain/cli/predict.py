@@ -6,13 +6,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from powertrain.cli import app
+
+if TYPE_CHECKING:
+    from powertrain.predict import Calibration, Prediction
+    from powertrain.spec.run import RunConfig
+
+    Results = list[tuple[RunConfig, Prediction]]
 
 out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
@@ -23,11 +29,11 @@ _COLS = (("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}"), ("step_
          ("mem_per_device_bytes", "GiB/dev", "{:.3g}"))
 
 
-def _fmt(key: str, fmt: str, v: object) -> str:
+def _fmt(key: str, fmt: str, v: Any) -> str:
     if v is None:
         return "—"
     if key == "mem_per_device_bytes":
-        v = float(v) / 2**30  # type: ignore[arg-type]
+        v = float(v) / 2**30
     return fmt.format(v)
 
 
@@ -59,85 +65,129 @@ def predict_cmd(
 
       powertrain predict --study --figure results/study-clusters
     """
+    if hardware:
+        _use_hardware_files(hardware)
+    cal = _calibration_or_exit(profile)
+    configs = _configs_or_exit(spec, study)
+    t0 = time.perf_counter()
+    results = _predict_all(configs, cal)
+    elapsed = time.perf_counter() - t0
+    if out_dir is not None:
+        _write_run_dirs(results, out_dir)
+    _note_fresh_probes(results, cal)
+    if as_json:
+        _print_json(results)
+    else:
+        _print_table(results, cal, elapsed)
+    if study and figure is not None:
+        _write_figure(results, figure)
+
+
+def _use_hardware_files(hardware: list[Path]) -> None:
+    """Add user hardware YAML to the catalog (for this process and what it starts)."""
     import os
 
-    from powertrain.predict import load_calibration, predict, write_prediction
+    os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
+    from powertrain.hardware.catalog import _default_catalog
 
-    if hardware:
-        os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
-        from powertrain.hardware.catalog import _default_catalog
+    _default_catalog.cache_clear()
 
-        _default_catalog.cache_clear()
+
+def _calibration_or_exit(profile: str) -> Calibration:
+    from powertrain.predict import load_calibration
+
     try:
-        prof = load_calibration(profile)
+        return load_calibration(profile)
     except (FileNotFoundError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    configs = []
+
+
+def _configs_or_exit(spec: Path | None, study: bool) -> list[RunConfig]:
+    """The configurations to predict: the study's matrices, or every grid point of ``spec``."""
     if study:
         from powertrain.predict.study import study_configs
 
-        configs = list(study_configs())
-    elif spec is None:
+        return list(study_configs())
+    if spec is None:
         err.print("[red]error:[/] give a SPEC file, or --study for the study's matrices")
         raise typer.Exit(2)
-    else:
-        from powertrain.plan.planner import run_id
-        from powertrain.plan.sweep_spec import SpecError, expand, load_sweep_spec
+    from powertrain.plan.planner import run_id
+    from powertrain.plan.sweep_spec import SpecError, expand, load_sweep_spec
 
-        try:
-            expanded = expand(load_sweep_spec(spec))
-        except SpecError as exc:
-            err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
-        for e in expanded:
-            if e.config is None:
-                err.print(f"[yellow]skipped[/] grid point {e.index}: {e.error}")
-            else:
-                # name each grid point as the planner does, so predictions line up with measured runs
-                configs.append(e.config.model_copy(update={"name": run_id(e.settings)}) if e.settings else e.config)
-    t0 = time.perf_counter()
+    try:
+        expanded = expand(load_sweep_spec(spec))
+    except SpecError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    configs = []
+    for e in expanded:
+        if e.config is None:
+            err.print(f"[yellow]skipped[/] grid point {e.index}: {e.error}")
+        else:
+            # name each grid point as the planner does, so predictions line up with measured runs
+            configs.append(e.config.model_copy(update={"name": run_id(e.settings)}) if e.settings else e.config)
+    return configs
+
+
+def _predict_all(configs: list[RunConfig], cal: Calibration) -> Results:
+    from powertrain.predict import predict
+
     results = []
     for cfg in configs:
         try:
-            results.append((cfg, predict(cfg, prof)))
+            results.append((cfg, predict(cfg, cal)))
         except (KeyError, ValueError) as exc:
             err.print(f"[yellow]skipped[/] {cfg.name}: {exc}")
-    elapsed = time.perf_counter() - t0
-    if out_dir is not None:
-        # one configuration: OUT is its run directory; several: one run directory each under OUT
-        for cfg, pred in results:
-            target = out_dir / cfg.name.replace("/", "_") if len(results) > 1 else out_dir
-            write_prediction(target, cfg, pred)
-        err.print(f"wrote {len(results)} prediction run director{'y' if len(results) == 1 else 'ies'} under {out_dir}")
+    return results
+
+
+def _write_run_dirs(results: Results, out_dir: Path) -> None:
+    """One configuration: ``out_dir`` is its run directory; several: one run directory each under it."""
+    from powertrain.predict import write_prediction
+
+    for cfg, pred in results:
+        target = out_dir / cfg.name.replace("/", "_") if len(results) > 1 else out_dir
+        write_prediction(target, cfg, pred)
+    err.print(f"wrote {len(results)} prediction run director{'y' if len(results) == 1 else 'ies'} under {out_dir}")
+
+
+def _note_fresh_probes(results: Results, cal: Calibration) -> None:
+    """Say where a CPU speed came from a probe of this host rather than from the calibration."""
     fresh = sorted({p["source"] for _, pred in results if (p := pred.breakdown.get("host_probe"))})
     for src in fresh:
         if not src.startswith("calibration profile"):
-            err.print(f"[yellow]note:[/] CPU speed from the {src} (profile {prof.name!r} holds no probe for these "
+            err.print(f"[yellow]note:[/] CPU speed from the {src} (profile {cal.name!r} holds no probe for these "
                       "ranks' threads); to predict from the probes of measured runs, calibrate on them "
                       "(`powertrain calibrate RUN... --name NAME`) and predict with --profile NAME")
-    if as_json:
-        # JSON lines: one compact object per configuration, nothing else on stdout
-        for cfg, pred in results:
-            sys.stdout.write(json.dumps(pred.summary(cfg.model_dump(mode="json")), default=str) + "\n")
-        sys.stdout.flush()
-    else:
-        table = Table(title=f"PREDICTED with profile {prof.name!r}", header_style="bold")
-        table.add_column("run", overflow="fold")
-        for _, label, _ in _COLS:
-            table.add_column(label, justify="right")
-        table.add_column("fits")
-        for cfg, pred in results:
-            m = pred.metrics
-            table.add_row(cfg.name, *(_fmt(k, f, m.get(k)) for k, _, f in _COLS),
-                          "yes" if pred.fits else "[red]no[/]")
-        out.print(table)
-        errtxt = ", ".join(f"{k} {v:.1%}" for k, v in prof.error.items() if isinstance(v, float)) or "not validated"
-        out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({prof.name}): {errtxt}.")
-    if study and figure is not None:
-        from powertrain.predict.figures import plot_cluster_comparison
-        from powertrain.predict.study import StudyPoint
 
-        pts = [StudyPoint(c.name.split("/")[0], c.model.name, c.name, c, p) for c, p in results]
-        for p in plot_cluster_comparison(pts, figure):
-            out.print(f"wrote {p}")
+
+def _print_json(results: Results) -> None:
+    """JSON lines: one compact object per configuration, nothing else on stdout."""
+    for cfg, pred in results:
+        sys.stdout.write(json.dumps(pred.summary(cfg.model_dump(mode="json")), default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
+    table = Table(title=f"PREDICTED with profile {cal.name!r}", header_style="bold")
+    table.add_column("run", overflow="fold")
+    for _, label, _ in _COLS:
+        table.add_column(label, justify="right")
+    table.add_column("fits")
+    for cfg, pred in results:
+        m = pred.metrics
+        table.add_row(cfg.name, *(_fmt(k, f, m.get(k)) for k, _, f in _COLS),
+                      "yes" if pred.fits else "[red]no[/]")
+    out.print(table)
+    errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items() if isinstance(v, float)) or "not validated"
+    out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
+
+
+def _write_figure(results: Results, figure: Path) -> None:
+    from powertrain.predict.figures import plot_cluster_comparison
+    from powertrain.predict.study import StudyPoint
+
+    pts = [StudyPoint(c.name.split("/")[0], c.model.name, c.name, c, p) for c, p in results]
+    for p in plot_cluster_comparison(pts, figure):
+        out.print(f"wrote {p}")
