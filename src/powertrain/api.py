@@ -144,7 +144,7 @@ def summary(run_dir: str | os.PathLike[str], *, refresh: bool = False) -> dict[s
     from powertrain.analyze import load_summary
 
     load(run_dir)  # the same clear error for a folder that is not a run
-    return load_summary(run_dir, refresh=refresh)
+    return load_summary(Path(run_dir), refresh=refresh)
 
 
 __all__ = ["Monitor", "Run", "begin_step", "end_step", "load", "phase", "set_window", "step", "summary",

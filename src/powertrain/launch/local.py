@@ -122,7 +122,7 @@ def rank_errors(run_dir: Path) -> dict[int, dict[str, Any]]:
     return errors
 
 
-def _error_order(e: dict[str, Any]) -> tuple[bool, int, int]:
+def _error_order(e: Mapping[str, Any]) -> tuple[bool, int, int]:
     t = e.get("t_ns")
     return (t is None, t if t is not None else 0, int(e["rank"]))
 
@@ -328,6 +328,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     host = host or default_host()
     log_name = "torchrun.log" if nnodes == 1 else f"torchrun-node-{node_rank}.log"
     mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd, host=host)
+    code: int | None  # the exit code of torchrun on this node; None when it was never reached
     if node_rank == 0:
         mon.start()
         try:

@@ -34,6 +34,7 @@ A GPU whose every read fails gets null rows and one incident (and one more when 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -220,7 +221,7 @@ class AmdBackend(Backend):
         smi = self._smi
         props: dict[str, Any] = {}
         for key, clk in (("clock_sm_max_mhz", smi.AmdSmiClkType.GFX), ("clock_mem_max_mhz", smi.AmdSmiClkType.MEM)):
-            v = _num((_try(lambda clk=clk: smi.amdsmi_get_clock_info(h, clk)) or {}).get("max_clk"))
+            v = _num((_try(functools.partial(smi.amdsmi_get_clock_info, h, clk)) or {}).get("max_clk"))
             if v is not None:
                 props[key] = v
         cap = _try(lambda: smi.amdsmi_get_power_cap_info(h)) or {}
@@ -262,15 +263,18 @@ class AmdBackend(Backend):
             return {"energy_j": None if total is None else total * res / 1e6}
 
         readers.append(_Reader("energy_j", [energy]))
+        def temperature(col: str, sensor: Any) -> Callable[[Any], dict[str, Any]]:
+            return lambda h: {col: _num(smi.amdsmi_get_temp_metric(h, sensor, smi.AmdSmiTemperatureMetric.CURRENT))}
+
+        def clock(col: str, clk: Any) -> Callable[[Any], dict[str, Any]]:
+            return lambda h: {col: _num(smi.amdsmi_get_clock_info(h, clk).get("clk"))}
+
         for col, sensor in (("temp_c", smi.AmdSmiTemperatureType.EDGE),
                             ("temp_hotspot_c", smi.AmdSmiTemperatureType.HOTSPOT),
                             ("temp_mem_c", smi.AmdSmiTemperatureType.VRAM)):
-            readers.append(_Reader(col, [
-                lambda h, col=col, sensor=sensor: {col: _num(smi.amdsmi_get_temp_metric(
-                    h, sensor, smi.AmdSmiTemperatureMetric.CURRENT))}]))
+            readers.append(_Reader(col, [temperature(col, sensor)]))
         for col, clk in (("clock_sm_mhz", smi.AmdSmiClkType.GFX), ("clock_mem_mhz", smi.AmdSmiClkType.MEM)):
-            readers.append(_Reader(col, [
-                lambda h, col=col, clk=clk: {col: _num(smi.amdsmi_get_clock_info(h, clk).get("clk"))}]))
+            readers.append(_Reader(col, [clock(col, clk)]))
 
         def activity(h: Any) -> dict[str, Any]:
             a = smi.amdsmi_get_gpu_activity(h)

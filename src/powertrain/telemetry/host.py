@@ -81,9 +81,9 @@ class HostBackend(Backend):
         rel = "/"
         try:
             for line in self.proc.joinpath("self/cgroup").read_text().splitlines():
-                _, controllers, path = line.split(":", 2)
+                _, controllers, cgroup = line.split(":", 2)
                 if controllers == "" or "cpuacct" in controllers.split(","):
-                    rel = path
+                    rel = cgroup
                     if controllers:
                         break
         except (OSError, ValueError):
@@ -97,12 +97,13 @@ class HostBackend(Backend):
             (base / "cpuacct/cpuacct.usage", 1e-9),
             (base / "cpu.stat", 1e-6),
         ]
-        cpu, scale = None, 1.0
+        cpu: Path | None = None
+        scale = 1.0
         for path, s in candidates_cpu:
             if path.is_file():
                 cpu, scale = path, s
                 break
-        mem = None
+        mem: Path | None = None
         for path in (base / rel / "memory.current", base / "memory" / rel / "memory.usage_in_bytes",
                      base / "memory/memory.usage_in_bytes", base / "memory.current"):
             if path.is_file():

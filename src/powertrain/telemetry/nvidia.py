@@ -326,8 +326,11 @@ class NvidiaBackend(Backend):
             getattr(nvml, name) for name in
             ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons") if has(name)
         ]
-        readers.append(_Reader("throttle", [
-            (lambda h, f=f: {"throttle": throttle_from_nvml(f(h))}) for f in reason_fns]))
+
+        def throttle(f: Callable[[Any], Any]) -> Callable[[Any], dict[str, Any]]:
+            return lambda h: {"throttle": throttle_from_nvml(f(h))}
+
+        readers.append(_Reader("throttle", [throttle(f) for f in reason_fns]))
         readers.append(_Reader("fan_pct", [lambda h: {"fan_pct": float(nvml.nvmlDeviceGetFanSpeed(h))}]))
         # Plain-call fallbacks for fields a driver does not offer as field values.
         if "power_avg_w" not in exclude:
@@ -403,6 +406,7 @@ class NvidiaBackend(Backend):
                 if slot.unwrap is None:
                     slot.unwrap = Unwrapper(_VALUE_MEMBER.get(int(value.valueType), ("", None))[1])
                 raw = slot.unwrap(raw)
+                assert raw is not None  # a value in, a value out: only None un-wraps to None
             scaled = float(raw) * slot.spec.scale
             if slot.spec.per_link:
                 if col not in sums:
