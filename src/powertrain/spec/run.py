@@ -78,8 +78,8 @@ class Data(BaseModel):
     path: Path | None = Field(default=None, description="plain text file for kind=text (byte-level tokens)")
 
 
-class Profile(BaseModel):
-    """Optional ``torch.profiler`` traces, saved under ``<run>/profiles/``."""
+class ProfilerOptions(BaseModel):
+    """Optional ``torch.profiler`` traces, saved under ``<run>/profiles/`` (the spec's ``profile:`` key)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,7 +100,7 @@ class RunConfig(BaseModel):
     hardware: Hardware = Hardware()
     protocol: Protocol = Protocol()
     data: Data = Data()
-    profile: Profile = Profile()
+    profile: ProfilerOptions = ProfilerOptions()
 
     @field_validator("model", mode="before")
     @classmethod
