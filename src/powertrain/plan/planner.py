@@ -227,15 +227,16 @@ def _expand_repeats(runs: list[PlannedRun]) -> list[PlannedRun]:
     """A planned run whose protocol asks for N repeats becomes N runs ``<id>.r1`` … ``<id>.rN``."""
     out: list[PlannedRun] = []
     for run in runs:
-        n = run.config.protocol.repeats if run.config and run.status == "planned" else 1
-        if n == 1:
+        cfg = run.config
+        n = cfg.protocol.repeats if cfg and run.status == "planned" else 1
+        if cfg is None or n == 1:
             out.append(run)
             continue
         for k in range(1, n + 1):
             rid = f"{run.id}.r{k}"
             out.append(PlannedRun(
                 id=rid, index=run.index, settings={**run.settings, "repeat": k}, variant=run.variant,
-                config=run.config.model_copy(update={"name": rid}), reasons=list(run.reasons),
+                config=cfg.model_copy(update={"name": rid}), reasons=list(run.reasons),
                 mem_per_device_bytes=run.mem_per_device_bytes, mem_capacity_bytes=run.mem_capacity_bytes,
                 unused_knobs=run.unused_knobs, warnings=list(run.warnings)))
     return out

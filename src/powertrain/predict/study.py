@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from powertrain.predict.calibration import Calibration, load_calibration
 from powertrain.predict.case import case_from_run_config
 from powertrain.predict.core import Prediction, predict
 from powertrain.spec.layout import Layout
-from powertrain.spec.run import Hardware, Knobs, Overlap, RunConfig
+from powertrain.spec.model import get_model
+from powertrain.spec.run import Hardware, Knobs, Overlap, Recompute, RunConfig
 
 CLUSTERS = {"32xH200": Hardware(nodes=4, devices_per_node=8, device="h200"),
             "64xH100": Hardware(nodes=8, devices_per_node=8, device="h100-sxm")}
 
 # (model, layout kwargs) per cluster, as listed in DESIGN.md
-LAYOUTS: dict[str, list[tuple[str, dict[str, object]]]] = {
+LAYOUTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "32xH200": (
         [("gpt3-175b", {"tp": t, "pp": p}) for t, p in ((2, 16), (4, 8), (8, 4), (1, 32))]
         + [("llama3-70b", {"tp": t, "pp": p}) for t, p in ((8, 2), (4, 4), (2, 8), (1, 16))]
@@ -35,7 +37,7 @@ LAYOUTS: dict[str, list[tuple[str, dict[str, object]]]] = {
     ),
 }
 
-VARIANTS = {
+VARIANTS: dict[str, tuple[Overlap, Recompute]] = {
     "base": (Overlap(async_tp=False, grad_reduce_in_backward=False, fsdp_prefetch=False), "none"),
     "overlap": (Overlap(async_tp=True, grad_reduce_in_backward=True, fsdp_prefetch=True), "none"),
     "recompute": (Overlap(async_tp=False, grad_reduce_in_backward=False, fsdp_prefetch=False), "full"),
@@ -52,7 +54,7 @@ def study_configs(cluster: str | None = None) -> Iterator[RunConfig]:
             continue
         for model, lay in LAYOUTS[name]:
             layout = Layout(sequence_parallel=int(lay.get("tp", 1)) > 1, distributed_optimizer=not lay.get("fsdp"),
-                            **lay).resolve(hw.world)  # type: ignore[arg-type]
+                            **lay).resolve(hw.world)
             dp = hw.world // (layout.tp * layout.pp * layout.cp)
             for variant, (overlap, recompute) in VARIANTS.items():
                 for mb in MICRO_BATCHES:
@@ -60,7 +62,7 @@ def study_configs(cluster: str | None = None) -> Iterator[RunConfig]:
                         continue
                     knobs = Knobs(micro_batch=mb, global_batch=GLOBAL_BATCH, recompute=recompute, overlap=overlap,
                                   precision="bf16")
-                    yield RunConfig(name=f"{name}/{model}/{layout.label()}/{variant}/mb{mb}", model=model,
+                    yield RunConfig(name=f"{name}/{model}/{layout.label()}/{variant}/mb{mb}", model=get_model(model),
                                     layout=layout, knobs=knobs, hardware=hw)
 
 

@@ -8,7 +8,7 @@ same fields.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,8 +66,8 @@ class ModelConfig(BaseModel):
 _MODELS: dict[str, ModelConfig] = {}
 
 
-def _add(**kw: object) -> None:
-    m = ModelConfig(**kw)  # type: ignore[arg-type]
+def _add(**kw: Any) -> None:
+    m = ModelConfig(**kw)
     _MODELS[m.name] = m
 
 
@@ -97,12 +97,12 @@ def catalog() -> dict[str, ModelConfig]:
     return dict(_MODELS)
 
 
-def get_model(name_or_config: str | ModelConfig | dict[str, object]) -> ModelConfig:
+def get_model(name_or_config: str | ModelConfig | dict[str, Any]) -> ModelConfig:
     """A catalog name, an inline dict of sizes, or a ModelConfig → ModelConfig."""
     if isinstance(name_or_config, ModelConfig):
         return name_or_config
     if isinstance(name_or_config, dict):
-        return ModelConfig(**name_or_config)  # type: ignore[arg-type]
+        return ModelConfig(**name_or_config)
     try:
         return _MODELS[name_or_config]
     except KeyError:

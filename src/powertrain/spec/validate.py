@@ -142,7 +142,7 @@ def rule_pipeline(cfg: RunConfig) -> list[Violation]:
 
 def rule_experts(cfg: RunConfig) -> list[Violation]:
     lay, m = cfg.layout, cfg.model
-    out = []
+    out: list[Violation] = []
     if lay.ep == 1:
         return out
     if not m.is_moe:
