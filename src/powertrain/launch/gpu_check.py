@@ -31,6 +31,7 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import logging
 import statistics
 import sys
 import time
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powertrain.diagnostics import show_on_stderr
 from powertrain.schema import Throttle
 
 RATE_HZ = 20.0
@@ -52,6 +54,9 @@ TEMP_MEM_RISE_MIN_C = 1.0
 CLOCK_SPAN_MIN_MHZ = 50.0
 THROTTLE_READ_MIN = 0.95
 ROWS_MIN_FRACTION = 0.8
+
+# named, not __name__: run with -m, this module is __main__, outside the powertrain logger tree
+log = logging.getLogger("powertrain.launch.gpu_check")
 
 
 @dataclass
@@ -97,46 +102,52 @@ def evaluate(rows: list[dict[str, Any]], phases: Phases, *, rate_hz: float = RAT
     ``ramp_s``: burn seconds left out of the burn-power median; ``settle_s``: idle seconds left out
     at the start of the idle-power median (the sampler's first reads, the CUDA context coming up).
     """
-    checks: list[Check] = []
-    p = phases
     power_col = "power_w" if any(r.get("power_w") is not None for r in rows) else "power_avg_w"
+    return [_power_check(rows, phases, power_col, ramp_s, settle_s), _energy_check(rows, power_col),
+            *_temperature_checks(rows, phases), _clock_check(rows, phases), _throttle_check(rows, phases),
+            _sampling_check(rows, phases, rate_hz, incidents)]
 
-    # power rises well above idle
+
+def _power_check(rows: list[dict[str, Any]], p: Phases, power_col: str, ramp_s: float, settle_s: float) -> Check:
+    """Power rises well above idle."""
     idle_p = _median(_col(rows, power_col, p.idle_start_ns + int(settle_s * 1e9), p.burn_start_ns))
     burn_p = _median(_col(rows, power_col, p.burn_start_ns + int(ramp_s * 1e9), p.burn_end_ns))
     if idle_p is None or burn_p is None:
-        checks.append(Check("power rises", False, f"no {power_col} samples in the idle or burn phase"))
-    else:
-        ok = burn_p >= POWER_RATIO_MIN * idle_p and burn_p - idle_p >= POWER_DELTA_MIN_W
-        checks.append(Check(
-            "power rises", ok,
-            f"{power_col} idle median {idle_p:.1f} W → burn median {burn_p:.1f} W "
-            f"(need ≥ {POWER_RATIO_MIN}× and ≥ +{POWER_DELTA_MIN_W:.0f} W)",
-            {"column": power_col, "idle_median_w": idle_p, "burn_median_w": burn_p}))
+        return Check("power rises", False, f"no {power_col} samples in the idle or burn phase")
+    ok = burn_p >= POWER_RATIO_MIN * idle_p and burn_p - idle_p >= POWER_DELTA_MIN_W
+    return Check(
+        "power rises", ok,
+        f"{power_col} idle median {idle_p:.1f} W → burn median {burn_p:.1f} W "
+        f"(need ≥ {POWER_RATIO_MIN}× and ≥ +{POWER_DELTA_MIN_W:.0f} W)",
+        {"column": power_col, "idle_median_w": idle_p, "burn_median_w": burn_p})
 
-    # energy counter vs integral of power, over the rows that have both
+
+def _energy_check(rows: list[dict[str, Any]], power_col: str) -> Check:
+    """The energy counter against the integral of power, over the rows that have both."""
     both = [r for r in rows if r.get("energy_j") is not None and r.get(power_col) is not None]
     integ = trapezoid_j(both, power_col)
     if integ is None:
-        checks.append(Check("energy agrees with power", False, "need ≥ 2 rows with both energy_j and power"))
-    else:
-        integral, _, _ = integ
-        delta = both[-1]["energy_j"] - both[0]["energy_j"]
-        rel = abs(delta - integral) / delta if delta > 0 else float("inf")
-        values: dict[str, Any] = {"energy_counter_delta_j": delta, "power_integral_j": integral,
-                                  "relative_difference": rel, "power_column": power_col,
-                                  "seconds": (both[-1]["t_ns"] - both[0]["t_ns"]) / 1e9}
-        if power_col == "power_w" and any(r.get("power_avg_w") is not None for r in both):
-            avg = trapezoid_j(both, "power_avg_w")
-            if avg is not None:
-                values["power_avg_integral_j"] = avg[0]  # for the record: the 1 s average lags
-        checks.append(Check(
-            "energy agrees with power", rel <= ENERGY_TOLERANCE,
-            f"energy counter Δ {delta:.1f} J vs ∫{power_col} dt {integral:.1f} J over "
-            f"{values['seconds']:.1f} s: {100 * rel:.2f} % apart (need ≤ {100 * ENERGY_TOLERANCE:.0f} %)",
-            values))
+        return Check("energy agrees with power", False, "need ≥ 2 rows with both energy_j and power")
+    integral, _, _ = integ
+    delta = both[-1]["energy_j"] - both[0]["energy_j"]
+    rel = abs(delta - integral) / delta if delta > 0 else float("inf")
+    values: dict[str, Any] = {"energy_counter_delta_j": delta, "power_integral_j": integral,
+                              "relative_difference": rel, "power_column": power_col,
+                              "seconds": (both[-1]["t_ns"] - both[0]["t_ns"]) / 1e9}
+    if power_col == "power_w" and any(r.get("power_avg_w") is not None for r in both):
+        avg = trapezoid_j(both, "power_avg_w")
+        if avg is not None:
+            values["power_avg_integral_j"] = avg[0]  # for the record: the 1 s average lags
+    return Check(
+        "energy agrees with power", rel <= ENERGY_TOLERANCE,
+        f"energy counter Δ {delta:.1f} J vs ∫{power_col} dt {integral:.1f} J over "
+        f"{values['seconds']:.1f} s: {100 * rel:.2f} % apart (need ≤ {100 * ENERGY_TOLERANCE:.0f} %)",
+        values)
 
-    # temperatures move
+
+def _temperature_checks(rows: list[dict[str, Any]], p: Phases) -> list[Check]:
+    """Temperatures move (memory temperature only where the GPU reports it)."""
+    checks: list[Check] = []
     for col, need in (("temp_c", TEMP_RISE_MIN_C), ("temp_mem_c", TEMP_MEM_RISE_MIN_C)):
         idle_t = _median(_col(rows, col, p.idle_start_ns, p.burn_start_ns))
         burn_t = _col(rows, col, p.burn_start_ns, p.burn_end_ns)
@@ -150,21 +161,25 @@ def evaluate(rows: list[dict[str, Any]], phases: Phases, *, rate_hz: float = RAT
                             f"{col} idle median {idle_t:.1f} °C → burn max {max(burn_t):.1f} °C "
                             f"(+{rise:.1f}, need ≥ +{need:.0f})",
                             {"idle_median_c": idle_t, "burn_max_c": max(burn_t), "rise_c": rise}))
+    return checks
 
-    # clocks move
+
+def _clock_check(rows: list[dict[str, Any]], p: Phases) -> Check:
+    """Clocks move."""
     sm = _col(rows, "clock_sm_mhz")
     if not sm:
-        checks.append(Check("clock_sm_mhz moves", False, "no clock_sm_mhz samples"))
-    else:
-        span = max(sm) - min(sm)
-        checks.append(Check(
-            "clock_sm_mhz moves", span >= CLOCK_SPAN_MIN_MHZ,
-            f"SM clock {min(sm):.0f}–{max(sm):.0f} MHz (span {span:.0f}, need ≥ {CLOCK_SPAN_MIN_MHZ:.0f}); "
-            f"idle median {_median(_col(rows, 'clock_sm_mhz', p.idle_start_ns, p.burn_start_ns))}, "
-            f"burn median {_median(_col(rows, 'clock_sm_mhz', p.burn_start_ns, p.burn_end_ns))}",
-            {"min_mhz": min(sm), "max_mhz": max(sm)}))
+        return Check("clock_sm_mhz moves", False, "no clock_sm_mhz samples")
+    span = max(sm) - min(sm)
+    return Check(
+        "clock_sm_mhz moves", span >= CLOCK_SPAN_MIN_MHZ,
+        f"SM clock {min(sm):.0f}–{max(sm):.0f} MHz (span {span:.0f}, need ≥ {CLOCK_SPAN_MIN_MHZ:.0f}); "
+        f"idle median {_median(_col(rows, 'clock_sm_mhz', p.idle_start_ns, p.burn_start_ns))}, "
+        f"burn median {_median(_col(rows, 'clock_sm_mhz', p.burn_start_ns, p.burn_end_ns))}",
+        {"min_mhz": min(sm), "max_mhz": max(sm)})
 
-    # throttle reasons read
+
+def _throttle_check(rows: list[dict[str, Any]], p: Phases) -> Check:
+    """Throttle reasons are read (and which were seen in each phase)."""
     read = sum(r.get("throttle") is not None for r in rows)
     frac = read / len(rows) if rows else 0.0
     seen = {
@@ -174,18 +189,20 @@ def evaluate(rows: list[dict[str, Any]], phases: Phases, *, rate_hz: float = RAT
                                 ("burn", (p.burn_start_ns, p.burn_end_ns)),
                                 ("cool-down", (p.burn_end_ns, p.idle_end_ns)))
     }
-    checks.append(Check("throttle reasons read", frac >= THROTTLE_READ_MIN,
-                        f"throttle non-null on {100 * frac:.1f} % of rows (need ≥ {100 * THROTTLE_READ_MIN:.0f} %); "
-                        f"reasons seen: {seen}", {"fraction_read": frac, "reasons_seen": seen}))
+    return Check("throttle reasons read", frac >= THROTTLE_READ_MIN,
+                 f"throttle non-null on {100 * frac:.1f} % of rows (need ≥ {100 * THROTTLE_READ_MIN:.0f} %); "
+                 f"reasons seen: {seen}", {"fraction_read": frac, "reasons_seen": seen})
 
-    # sampling kept up
+
+def _sampling_check(rows: list[dict[str, Any]], p: Phases, rate_hz: float,
+                    incidents: Sequence[dict[str, Any]]) -> Check:
+    """Sampling kept up, with no incident."""
     expected = (p.idle_end_ns - p.idle_start_ns) / 1e9 * rate_hz
     ok = len(rows) >= ROWS_MIN_FRACTION * expected and not incidents
-    checks.append(Check("sampling keeps up", ok,
-                        f"{len(rows)} rows for ~{expected:.0f} expected at {rate_hz:g} Hz "
-                        f"(need ≥ {100 * ROWS_MIN_FRACTION:.0f} %); incidents: {len(incidents)}",
-                        {"rows": len(rows), "expected_rows": expected, "incidents": list(incidents)}))
-    return checks
+    return Check("sampling keeps up", ok,
+                 f"{len(rows)} rows for ~{expected:.0f} expected at {rate_hz:g} Hz "
+                 f"(need ≥ {100 * ROWS_MIN_FRACTION:.0f} %); incidents: {len(incidents)}",
+                 {"rows": len(rows), "expected_rows": expected, "incidents": list(incidents)})
 
 
 def _burn(torch: Any, device: Any, seconds: float, n: int) -> dict[str, Any]:
@@ -246,11 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=0, help="CUDA device index to burn (0)")
     ap.add_argument("--size", type=int, default=8192, help="matrix size n of the n×n bf16 matmul (8192)")
     args = ap.parse_args(argv)
+    show_on_stderr()  # its diagnostics (warnings and errors) on stderr, its report on stdout
     try:
         return _run(args)
     except Exception:  # a crash is "could not run" (2), never mistaken for a failed check (1)
         traceback.print_exc()
-        print("gpu_check: crashed before finishing its checks (traceback above)", file=sys.stderr)
+        log.error("gpu_check: crashed before finishing its checks (traceback above)")
         return 2
 
 
@@ -258,11 +276,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         import torch
     except ImportError:
-        print("gpu_check: torch is not installed here; it needs a CUDA-enabled torch", file=sys.stderr)
+        log.error("gpu_check: torch is not installed here; it needs a CUDA-enabled torch")
         return 2
     if not torch.cuda.is_available():
-        print(f"gpu_check: torch {torch.__version__} sees no CUDA GPU (a CPU build, or no driver); "
-              "run with a CUDA-enabled torch on a machine with an NVIDIA GPU", file=sys.stderr)
+        log.error("gpu_check: torch %s sees no CUDA GPU (a CPU build, or no driver); "
+                  "run with a CUDA-enabled torch on a machine with an NVIDIA GPU", torch.__version__)
         return 2
 
     from powertrain.monitor import Monitor, MonitorError
@@ -273,7 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     try:  # fail here with the backend's one line, before a sampler process is started
         NvidiaBackend().close()
     except BackendUnavailable as exc:
-        print(f"gpu_check: {exc}", file=sys.stderr)
+        log.error("gpu_check: %s", exc)
         return 2
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -293,9 +311,9 @@ def _run(args: argparse.Namespace) -> int:
             time.sleep(args.idle)
             t_idle1 = time.time_ns()
             if not mon.check_sampler():
-                print(f"gpu_check: {mon.sampler_death}", file=sys.stderr)
+                log.error("gpu_check: %s", mon.sampler_death)
     except MonitorError as exc:
-        print(f"gpu_check: the sampler could not start with the NVIDIA backend: {exc}", file=sys.stderr)
+        log.error("gpu_check: the sampler could not start with the NVIDIA backend: %s", exc)
         return 2
 
     info = read_json(run_dir / "run.json")
