@@ -403,8 +403,8 @@ def _add_energy(events: list[dict[str, Any]], series: dict[str, tuple[np.ndarray
         if cov[0] < (run["t_end_ns"] - run["t_start_ns"]) / 1e9 - 5.0:
             short_nodes.append(host)
         if steps:
-            e, c = energy_between_j(t, w, a, z)
-            step_e += np.where(c > 0, e, np.nan)
+            e_node, c = energy_between_j(t, w, a, z)
+            step_e += np.where(c > 0, e_node, np.nan)
     # The label predates the integral's move from powertrain.analyze.signal to powertrain.core.series;
     # it is kept as written so that imported run.json files stay byte-identical.
     summary["integration"] = (
