@@ -24,7 +24,7 @@ from powertrain.diagnostics import show_on_stderr
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import RunConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("powertrain.workload.equivalence")  # not __name__: torchrun runs this module as __main__
 
 
 def reference_config(cfg: RunConfig) -> RunConfig:

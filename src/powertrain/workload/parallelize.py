@@ -13,6 +13,7 @@ Every family shares the same skeleton (``models.layers.Transformer``), so one fu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from powertrain.spec.run import RunConfig
 from powertrain.workload.mesh import Meshes
+from powertrain.workload.models.layers import Transformer
 from powertrain.workload.parallel.ddp import GradSync, apply_ddp
 from powertrain.workload.parallel.expert_parallel import apply_ep, is_expert_param
 from powertrain.workload.parallel.fsdp import apply_fsdp
@@ -32,7 +34,7 @@ from powertrain.workload.parallel.tensor_parallel import apply_tp
 class Parallelized:
     """This rank's part of the model and how its gradients are synchronised."""
 
-    stages: list[tuple[int, nn.Module]]  # (global stage index, module); one (0, model) without PP
+    stages: Sequence[tuple[int, nn.Module]]  # (global stage index, module); one (0, model) without PP
     dp_mode: str  # "none" | "ddp" | "fsdp" | "allreduce"
     grad_sync: GradSync | None = None
     notes: list[str] = field(default_factory=list)
@@ -42,7 +44,7 @@ class Parallelized:
         return self.stages[0][1]
 
 
-def parallelize(model: nn.Module, cfg: RunConfig, meshes: Meshes, *, skip_grad_sync: bool = False) -> Parallelized:
+def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad_sync: bool = False) -> Parallelized:
     """This rank's share of ``model`` under ``meshes.layout``.
 
     ``skip_grad_sync`` deliberately breaks data parallelism (no gradient averaging); it exists so that
@@ -80,7 +82,8 @@ def parallelize(model: nn.Module, cfg: RunConfig, meshes: Meshes, *, skip_grad_s
         assert dp_mesh is not None
         ddp = apply_ddp(stages[0][1], dp_mesh, knobs.overlap.ddp_bucket_mb)
         return Parallelized([(0, ddp)], "ddp", notes=notes)
-    dense, experts = [], []
+    dense: list[nn.Parameter] = []
+    experts: list[nn.Parameter] = []
     for _, mod in stages:
         for name, p in mod.named_parameters():
             (experts if lay.ep > 1 and is_expert_param(name) else dense).append(p)

@@ -27,7 +27,7 @@ from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.store.rundir import write_json_atomic
 from powertrain.workload.mesh import device_type
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("powertrain.workload.train")  # not __name__: torchrun runs this module as __main__
 
 
 def load_spec(path: Path) -> RunConfig:

@@ -31,6 +31,7 @@ from powertrain.spec.run import RunConfig
 from powertrain.workload.data import Batches
 from powertrain.workload.mesh import Meshes, build_meshes, device_type
 from powertrain.workload.models import build_model
+from powertrain.workload.models.mixtral import MoE
 from powertrain.workload.parallel.pipeline import build_schedule
 from powertrain.workload.parallelize import Parallelized, parallelize, parameters
 
@@ -73,7 +74,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(parameters(self.par), lr=cfg.knobs.lr)
         for _, mod in self.par.stages:  # expert all-to-alls mark themselves as comm events
             for m in mod.modules():
-                if getattr(m, "ep_group", None) is not None and self.rec.enabled:
+                if isinstance(m, MoE) and m.ep_group is not None and self.rec.enabled:
                     m.recorder = self.rec
 
         self.batches = Batches(cfg.data, cfg.model, cfg.knobs.global_batch, cfg.knobs.seed)
@@ -127,6 +128,7 @@ class Trainer:
         with rec.phase("data"):
             local = self.batches.local(i, self.coords["dp"], lay.dp or 1).to(self.device)
         loss_sum = torch.zeros((), device=self.device)
+        local_loss: torch.Tensor | None
         if self.schedule is None:
             model = self.par.module
             for k, mb in self._micro_batches(local):
@@ -155,13 +157,13 @@ class Trainer:
             rec.begin("phase", "pipeline", schedule=lay.pp_schedule, microbatches=self.n_micro)
             with self._autocast():
                 if self.is_first and self.has_loss:
-                    self.schedule.step(x, target=y, losses=losses)  # type: ignore[attr-defined]
+                    self.schedule.step(x, target=y, losses=losses)
                 elif self.is_first:
-                    self.schedule.step(x)  # type: ignore[attr-defined]
+                    self.schedule.step(x)
                 elif self.has_loss:
-                    self.schedule.step(target=y, losses=losses)  # type: ignore[attr-defined]
+                    self.schedule.step(target=y, losses=losses)
                 else:
-                    self.schedule.step()  # type: ignore[attr-defined]
+                    self.schedule.step()
             rec.end()
             local_loss = torch.stack(losses).mean().detach() if losses else None
         if self.par.grad_sync:
@@ -192,5 +194,5 @@ class Trainer:
     def close(self) -> None:
         """Drop model and optimizer (DDP must be gone before the process group is destroyed)."""
         self.schedule = None
-        self.optimizer = None  # type: ignore[assignment]
-        self.par = None  # type: ignore[assignment]
+        del self.optimizer
+        del self.par

@@ -63,7 +63,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=bias)
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=bias)
         self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=bias)
-        self.core = AttentionCore()
+        self.core: nn.Module = AttentionCore()  # wrapped by selective recomputation
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -130,4 +130,4 @@ class Transformer(nn.Module):
 
     def moe_aux_losses(self) -> list[torch.Tensor]:
         """Load-balancing losses of the last forward (empty for dense models)."""
-        return [m.last_aux for m in self.modules() if getattr(m, "last_aux", None) is not None]
+        return [aux for m in self.modules() if (aux := getattr(m, "last_aux", None)) is not None]

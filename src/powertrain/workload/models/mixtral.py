@@ -14,7 +14,10 @@ ranks and back with two differentiable ``all_to_all_single`` calls (see
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -22,18 +25,21 @@ from powertrain.spec.model import ModelConfig
 from powertrain.workload.models import llama
 from powertrain.workload.models.layers import INIT_STD, Transformer, rope_table
 
+if TYPE_CHECKING:
+    from powertrain.hooks import Recorder
+
 
 class AddAuxLoss(torch.autograd.Function):
     """Identity on ``x``; in backward, also sends gradient ``coeff`` into ``aux`` (so ``aux`` is minimised)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, aux: torch.Tensor, coeff: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor, coeff: float) -> torch.Tensor:
         ctx.coeff = coeff
         ctx.aux_shape, ctx.aux_dtype = aux.shape, aux.dtype
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         return grad, torch.full(ctx.aux_shape, ctx.coeff, dtype=ctx.aux_dtype, device=grad.device), None
 
 
@@ -50,7 +56,8 @@ class MoE(nn.Module):
         for w in (self.w1, self.w3, self.w2):
             nn.init.normal_(w, std=INIT_STD)
         # Expert parallelism (set by parallel.expert_parallel): which experts live here, and the group.
-        self.ep_group: object | None = None
+        self.ep_group: dist.ProcessGroup | None = None
+        self.recorder: Recorder | None = None  # set by the trainer to mark the expert all-to-alls
         self.last_aux: torch.Tensor | None = None
 
     def expert_ffn(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -32,7 +32,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class GradSync:
     """Average gradients over replica groups: ``[(params, group), …]`` (one flat all-reduce per group)."""
 
-    def __init__(self, groups: Iterable[tuple[list[nn.Parameter], object]]) -> None:
+    def __init__(self, groups: Iterable[tuple[list[nn.Parameter], dist.ProcessGroup | None]]) -> None:
         self.groups = [(params, g, dist.get_world_size(g)) for params, g in groups
                        if params and g is not None and dist.get_world_size(g) > 1]
 

@@ -18,11 +18,13 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
+from powertrain.workload.models.mixtral import MoE
 
-def apply_ep(model: nn.Module, ep_group: object, ep_rank: int, ep: int) -> nn.Module:
+
+def apply_ep(model: nn.Module, ep_group: dist.ProcessGroup | None, ep_rank: int, ep: int) -> nn.Module:
     """Keep only this rank's block of experts in every MoE layer and point the layer at ``ep_group``."""
     for module in model.modules():
-        if hasattr(module, "router") and hasattr(module, "w1"):
+        if isinstance(module, MoE):
             per = module.experts // ep
             keep = slice(ep_rank * per, (ep_rank + 1) * per)
             for name in ("w1", "w3", "w2"):
@@ -36,17 +38,18 @@ def is_expert_param(name: str) -> bool:
     return ".feed_forward.w" in name and not name.endswith(".weight")
 
 
-def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def dispatch_combine(moe: MoE, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Expert outputs for ``routed`` slots (sorted by global expert, ``counts`` per expert)."""
     group = moe.ep_group
-    ep = dist.get_world_size(group)  # type: ignore[arg-type]
+    assert group is not None, "dispatch_combine runs only on a layer apply_ep gave a group"
+    ep = dist.get_world_size(group)
     per = moe.experts // ep
     recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)  # type: ignore[arg-type]
+    dist.all_to_all_single(recv_counts, counts, group=group)
     rc = recv_counts.view(ep, per).tolist()  # rc[src][e]: slots from rank src for my local expert e
     send_splits = counts.view(ep, per).sum(1).tolist()
     recv_splits = [sum(row) for row in rc]
-    rec = getattr(moe, "recorder", None)  # a hooks.Recorder when the trainer marks communication
+    rec = moe.recorder  # a hooks.Recorder when the trainer marks communication
     width = routed.size(1) * routed.element_size()
     if rec is not None:
         rec.begin("comm", "moe_dispatch", send_bytes=sum(send_splits) * width, recv_bytes=sum(recv_splits) * width)
@@ -70,7 +73,8 @@ def dispatch_combine(moe: nn.Module, routed: torch.Tensor, counts: torch.Tensor)
     return combined
 
 
-def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: object) -> torch.Tensor:
+def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
     """Differentiable uneven all-to-all (its backward is the reverse all-to-all)."""
-    out = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)  # type: ignore[arg-type]
+    out = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
     return funcol.wait_tensor(out)

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import itertools
 
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
+from powertrain.workload.models.layers import Transformer
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
-               prefetch: bool = True) -> nn.Module:
-    blocks = list(model.layers.values())  # type: ignore[union-attr]
-    for block in blocks:
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+               prefetch: bool = True) -> Transformer:
+    # fully_shard turns each module into an FSDPModule in place and returns it
+    blocks = [fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+              for block in model.layers.values()]
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     for cur, nxt in itertools.pairwise(blocks):
         if prefetch:
-            cur.set_modules_to_forward_prefetch([nxt])  # type: ignore[operator]
+            cur.set_modules_to_forward_prefetch([nxt])
         else:
-            nxt.set_modules_to_backward_prefetch([])  # type: ignore[operator]
+            nxt.set_modules_to_backward_prefetch([])
     return model

@@ -16,13 +16,16 @@ point-to-point waits; the order of the rows is the schedule's (GPipe, 1F1B, inte
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -30,8 +33,10 @@ from torch.distributed.pipelining.schedules import (
 
 from powertrain.hooks import Recorder
 from powertrain.spec.layout import Layout
+from powertrain.workload.models.layers import Transformer
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+_ONE_STAGE_PER_RANK: dict[str, type[PipelineScheduleSingle]] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {**_ONE_STAGE_PER_RANK, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
@@ -39,16 +44,16 @@ def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
     return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
 
 
-def split_model(model: nn.Module, layout: Layout, pp_rank: int) -> list[tuple[int, nn.Module]]:
+def split_model(model: Transformer, layout: Layout, pp_rank: int) -> list[tuple[int, Transformer]]:
     """``[(stage index, stage module), …]`` of this pipeline rank, pruned copies of ``model``."""
-    counts = layout.stage_layer_counts(len(model.layers))  # type: ignore[arg-type]
+    counts = layout.stage_layer_counts(len(model.layers))
     bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
     out = []
     for s in stage_ids(layout, pp_rank):
         stage = copy.deepcopy(model)
         keep = {str(i) for i in range(bounds[s], bounds[s + 1])}
-        for name in [n for n in stage.layers if n not in keep]:  # type: ignore[union-attr]
-            del stage.layers[name]  # type: ignore[union-attr]
+        for name in [n for n in stage.layers if n not in keep]:
+            del stage.layers[name]
         if s != 0:
             stage.embed = None
         if s != layout.stages - 1:
@@ -87,9 +92,10 @@ def time_stage_calls(stage: PipelineStage, recorder: Recorder) -> None:
                             stage=idx, part="weight"):
             return bwd_w(bwd_chunk_id, *args, **kwargs)
 
-    stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]
-    stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
-    stage.backward_weight_one_chunk = backward_weight_one_chunk  # type: ignore[method-assign]
+    # Replacing methods on this one instance is the point (see above); mypy flags any method assignment.
+    stage.forward_one_chunk = forward_one_chunk  # type: ignore[method-assign]  # instance-level wrapper
+    stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]  # instance-level wrapper
+    stage.backward_weight_one_chunk = backward_weight_one_chunk  # type: ignore[method-assign]  # instance-level wrapper
 
 
 def _time_loss_calls(schedule: Any, recorder: Recorder) -> None:
@@ -108,24 +114,28 @@ def _time_loss_calls(schedule: Any, recorder: Recorder) -> None:
     schedule._maybe_compute_loss = maybe_compute_loss
 
 
-def build_schedule(stages: list[tuple[int, nn.Module]], layout: Layout, n_microbatches: int,
+def build_schedule(stages: Sequence[tuple[int, nn.Module]], layout: Layout, n_microbatches: int,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device,
-                   group: object, recorder: Recorder | None = None) -> object:
+                   group: dist.ProcessGroup | None,
+                   recorder: Recorder | None = None) -> PipelineScheduleSingle | PipelineScheduleMulti:
     """The schedule object whose ``step(inputs, target=…, losses=…)`` runs one pipelined batch.
 
     With an enabled ``recorder``, every micro-batch's forward and backward on each stage (and the
     loss on the last stage) becomes an event row (see :func:`time_stage_calls`).
     """
-    pstages = [PipelineStage(mod, s, layout.stages, device, group=group) for s, mod in stages]  # type: ignore[arg-type]
-    timed = recorder is not None and recorder.enabled
-    if timed:
+    pstages = [PipelineStage(mod, s, layout.stages, device, group=group) for s, mod in stages]
+    timer = recorder if recorder is not None and recorder.enabled else None
+    if timer is not None:
         for st in pstages:
-            time_stage_calls(st, recorder)  # type: ignore[arg-type]
-    cls = SCHEDULES[layout.pp_schedule]
-    if cls is ScheduleInterleaved1F1B:
-        schedule = cls(pstages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+            time_stage_calls(st, timer)
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
+    if layout.pp_schedule == "interleaved_1f1b":
+        schedule = ScheduleInterleaved1F1B(
+            pstages,  # type: ignore[arg-type]  # torch wants list[_PipelineStageBase] (invariant), only reads it
+            n_microbatches=n_microbatches, loss_fn=loss_fn)
     else:
-        schedule = cls(pstages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
-    if timed:
-        _time_loss_calls(schedule, recorder)  # type: ignore[arg-type]
+        schedule = _ONE_STAGE_PER_RANK[layout.pp_schedule](pstages[0], n_microbatches=n_microbatches,
+                                                          loss_fn=loss_fn)
+    if timer is not None:
+        _time_loss_calls(schedule, timer)
     return schedule

@@ -7,10 +7,12 @@ selective recompute (the attention core, whose activations grow with seq² but c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from powertrain.workload.models.layers import Block, Transformer
 
 
 class Checkpointed(nn.Module):
@@ -24,14 +26,15 @@ class Checkpointed(nn.Module):
         return checkpoint(self.inner, *args, use_reentrant=False)
 
 
-def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
+def apply_recompute(model: Transformer, mode: str) -> Transformer:
     if mode == "none":
         return model
-    for name, block in list(model.layers.items()):  # type: ignore[union-attr]
+    for name, block in list(model.layers.items()):
         if mode == "full":
-            model.layers[name] = Checkpointed(block)  # type: ignore[index]
+            model.layers[name] = Checkpointed(block)
         elif mode == "selective":
-            block.attention.core = Checkpointed(block.attention.core)
+            attention = cast(Block, block).attention  # every block of the skeleton is a Block
+            attention.core = Checkpointed(attention.core)
         else:
             raise ValueError(f"recompute must be none, selective or full, got {mode!r}")
     return model

@@ -13,11 +13,11 @@ and every TP rank routes the same tokens, so expert parallelism is what splits e
 
 from __future__ import annotations
 
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     PrepareModuleOutput,
@@ -26,23 +26,25 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from powertrain.workload.models.layers import Transformer
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False) -> nn.Module:
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False) -> Transformer:
     sp = sequence_parallel
     act = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
-    top: dict[str, object] = {}
-    if model.embed is not None:  # type: ignore[attr-defined]
+    top: dict[str, ParallelStyle] = {}
+    if model.embed is not None:
         top["embed.tok"] = RowwiseParallel(input_layouts=Replicate())
         if sp:  # positions are added in full; then each rank keeps its slice of the sequence
             top["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
-    if model.norm is not None and sp:  # type: ignore[attr-defined]
+    if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
-    if model.output is not None:  # type: ignore[attr-defined]
+    if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Replicate())
-    parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type]
+    parallelize_module(model, tp_mesh, top)
 
-    for block in model.layers.values():  # type: ignore[union-attr]
-        plan: dict[str, object] = {
+    for block in model.layers.values():
+        plan: dict[str, ParallelStyle] = {
             "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
@@ -63,5 +65,5 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool =
             plan["feed_forward.w2"] = RowwiseParallel(output_layouts=act)
             if hasattr(block.feed_forward, "w3"):
                 plan["feed_forward.w3"] = ColwiseParallel()
-        parallelize_module(block, tp_mesh, plan)  # type: ignore[arg-type]
+        parallelize_module(block, tp_mesh, plan)
     return model
