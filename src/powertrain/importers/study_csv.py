@@ -96,7 +96,8 @@ def import_study_csv(paths: Sequence[str | Path], gpus_per_node: int = 8, name: 
         files += sorted(x for x in p.iterdir() if _NAME_RE.match(x.name)) if p.is_dir() else [p]
     if not files:
         raise SourceFormatError(paths[0], None, "no <metric>_<rank>.csv files found")
-    by_rank: dict[int, dict[str, tuple[np.ndarray, list[float | None]]]] = {}
+    # rank → column → (t_ns, values, metric)
+    by_rank: dict[int, dict[str, tuple[np.ndarray, list[float | None], str]]] = {}
     for f in files:
         m = _NAME_RE.match(f.name)
         if not m:
@@ -109,13 +110,13 @@ def import_study_csv(paths: Sequence[str | Path], gpus_per_node: int = 8, name: 
         col = METRICS[metric][0]
         if col in by_rank.setdefault(rank, {}):
             raise SourceFormatError(f, None, f"a second file for {col} of rank {rank}")
-        by_rank[rank][col] = (*read_metric_file(f), metric)  # type: ignore[assignment]
+        by_rank[rank][col] = (*read_metric_file(f), metric)
         b.mapped[f"{metric}_<rank>.csv"] = col + (" (un-wrapped from 32 bits)" if METRICS[metric][2] else "")
     wraps = 0
     for rank, cols in sorted(by_rank.items()):
         t_all = np.unique(np.concatenate([c[0] for c in cols.values()]))
         fields: dict[str, np.ndarray] = {}
-        for col, (t, vals, metric) in cols.items():  # type: ignore[misc]
+        for col, (t, vals, metric) in cols.items():
             _, scale, modulus = METRICS[metric]
             if modulus:
                 before = [x for x in vals if x is not None]
