@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from powertrain.analyze import format_value
@@ -17,6 +17,13 @@ from powertrain.cli.root import app
 # Piped into a file (`| tee`), rich would fold the table to 80 columns; keep it readable there too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, soft_wrap=True)
+
+# (column, justification) of the two tables: two runs, and two sweeps matched run by run
+_RUN_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("metric", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("better", "center"))
+_SWEEP_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("run", "left"), ("status A / B", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
+    ("B/A", "right"), ("better", "center"))
 
 
 def _ratio(r: float | None) -> str:
@@ -74,8 +81,8 @@ def compare(
         return
     if res["kind"] == "runs":
         t = Table(title=f"A = {_side(res['a'])}\nB = {_side(res['b'])}", header_style="bold")
-        for col, just in (("metric", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("better", "center")):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for col, just in _RUN_COLUMNS:
+            t.add_column(col, justify=just)
         for r in res["rows"]:
             t.add_row(r["metric"], format_value(r["metric"], r["a"]), format_value(r["metric"], r["b"]),
                       _ratio(r["ratio"]), r["better"])
@@ -84,9 +91,8 @@ def compare(
             _hidden_line(len(METRICS) - len(res["rows"]))
         return
     t = Table(title=f"A = {res['a']}\nB = {res['b']}", header_style="bold")
-    for col, just in (("run", "left"), ("status A / B", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
-                      ("B/A", "right"), ("better", "center")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for col, just in _SWEEP_COLUMNS:
+        t.add_column(col, justify=just)
     for p in res["pairs"]:
         name = p["id_a"] if p["id_a"] == p["id_b"] else f"{p['id_a']} / {p['id_b']}"
         kinds = {p["kind_a"], p["kind_b"]}

@@ -411,8 +411,8 @@ class NvidiaBackend(Backend):
             if slot.spec.per_link:
                 if col not in sums:
                     sums[col] = scaled
-                elif sums[col] is not None:
-                    sums[col] = float(sums[col]) + scaled  # type: ignore[arg-type]
+                elif (total := sums[col]) is not None:
+                    sums[col] = total + scaled
             else:
                 sums[col] = scaled
         for col, v in sums.items():
