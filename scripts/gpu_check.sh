@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The NVIDIA telemetry path end to end on one real GPU (issue 2, deliverable 6). Not part of .ci/run.
 #
-#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [-- ARGS for python -m powertrain.launch.gpu_check]
+#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [--no-train] [-- ARGS for python -m powertrain.launch.gpu_check]
 #
-# Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then checks
-# that power rises well above idle, the energy counter agrees with the integral of power within 5 %,
-# temperatures and clocks move and throttle reasons are read. Writes OUT_DIR/gpu_check.{json,md} and
-# the run itself to OUT_DIR/run (default OUT_DIR: results/gpu-check-<UTC time>). Exit 0: all checks
-# passed; 1: a check failed; 2: the check could not run here.
+# 1. Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then
+#    checks that power rises well above idle, the energy counter agrees with the integral of power
+#    within 5 %, temperatures and clocks move and throttle reasons are read. Writes
+#    OUT_DIR/gpu_check.{json,md} and the run itself to OUT_DIR/run.
+# 2. Unless --no-train: a short real training run on that GPU (examples/run-llama-1gpu.yaml: a ~0.6B
+#    Llama, bf16, NCCL) with `powertrain run` under the sampler → OUT_DIR/train, then `powertrain
+#    summarize` and `powertrain report` of both runs (OUT_DIR/*/report/report.html).
+# Default OUT_DIR: results/gpu-check-<UTC time>. Exit 0: all checks passed and the training run and
+# reports succeeded; 1: a check or the training run failed; 2: the check could not run here.
 #
 # Which Python: $PYTHON if set, else the first of .venv/bin/python, .venv-gpu/bin/python, python3
 # whose torch sees a CUDA GPU. The project's .venv (scripts/setup.sh) holds the CPU build of torch;
@@ -19,11 +23,13 @@ cd "$(dirname "$0")/.."
 
 out=""
 install_torch=0
+train=1
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --install-torch) install_torch=1 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-train) train=0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra+=("$@"); break ;;
     -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -96,6 +102,21 @@ set -e
 case $rc in
   0) echo "gpu_check: PASSED — $out/gpu_check.md" ;;
   1) echo "gpu_check: FAILED — see $out/gpu_check.md" ;;
-  *) echo "gpu_check: could not run (exit $rc)" ;;
+  *) [ -f "$out/gpu_check.md" ] || echo "gpu_check: could not run (exit $rc; no report written)"
+     exit $rc ;;
 esac
+
+if [ "$train" = 1 ]; then
+  pt() { PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.cli "$@"; }
+  echo "gpu_check: training examples/run-llama-1gpu.yaml on the GPU under the sampler → $out/train"
+  if pt run examples/run-llama-1gpu.yaml --out "$out/train"; then
+    pt summarize "$out/train" || rc=1
+  else
+    echo "gpu_check: the training run FAILED — see $out/train/logs/"
+    rc=1
+  fi
+  for r in "$out/run" "$out/train"; do
+    [ -f "$r/run.json" ] && { pt report "$r" || rc=1; }
+  done
+fi
 exit $rc
