@@ -35,9 +35,7 @@ from powertrain.spec.model import get_model
 
 def model_flops_per_token(model: Any) -> tuple[float, str]:
     """(training FLOPs per token, source) for a model name, dict or ModelConfig."""
-    # The source label predates the formula's move from powertrain.predict.flops to powertrain.core.flops;
-    # it is kept as written so that summaries stay byte-identical.
-    return float(flops.model_flops_per_token(get_model(model))), "powertrain.predict.flops.model_flops_per_token"
+    return float(flops.model_flops_per_token(get_model(model))), "powertrain.core.flops.model_flops_per_token"
 
 
 def hardware_flops_per_token(model: Any, recompute: str) -> float:

@@ -405,10 +405,8 @@ def _add_energy(events: list[dict[str, Any]], series: dict[str, tuple[np.ndarray
         if steps:
             e_node, c = energy_between_j(t, w, a, z)
             step_e += np.where(c > 0, e_node, np.nan)
-    # The label predates the integral's move from powertrain.analyze.signal to powertrain.core.series;
-    # it is kept as written so that imported run.json files stay byte-identical.
     summary["integration"] = (
-        "run window: powertrain.analyze.signal.trapezoid_j over clip_interp"
+        "run window: powertrain.core.series.trapezoid_j over clip_interp"
         "; steps: powertrain.importers.energy.energy_between_j (same rule, vectorised); summed over nodes")
     if short_nodes:
         b.warn(f"power readings of {len(short_nodes)} node(s) cover less of the run window than the run "
