@@ -79,3 +79,19 @@ def test_only_commands_print() -> None:
                   and f.value.attr in {"stderr", "stdout"}):
                 offenders.append(f"{rel}:{node.lineno} sys.{f.value.attr}.write()")
     assert not offenders, "library code prints (use logging): " + "; ".join(offenders)
+
+
+def test_the_bottom_layers_contracts_name_every_top_level_module() -> None:
+    """import-linter's forbidden lists are explicit: a new top-level module must join them, or the
+    bottom layers could start importing it without a contract noticing."""
+    import tomllib
+
+    conf = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["tool"]["importlinter"]
+    tops = {f"powertrain.{p.stem if p.is_file() else p.name}" for p in SRC.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    allowed = {"core": {"powertrain.core"}, "schema": {"powertrain.core", "powertrain.schema"},
+               "store": {"powertrain.core", "powertrain.schema", "powertrain.store"}}
+    for contract in conf["contracts"]:
+        if contract["id"] in allowed:
+            missing = tops - allowed[contract["id"]] - set(contract["forbidden_modules"])
+            assert not missing, f"contract {contract['id']!r} does not forbid {sorted(missing)}"
