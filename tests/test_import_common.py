@@ -108,3 +108,20 @@ def test_energy_is_the_trapezoid_integral_with_interpolated_window_edges():
     # unknown samples are skipped, not read as 0 W
     e, _ = total_energy_j(t, np.array([100.0, np.nan, 300.0]), 0, 20 * s)
     assert e == pytest.approx(4000.0)
+
+
+def test_set_window_and_data_quality_reach_run_json(tmp_path):
+    b, _ = _builder(tmp_path)
+    b.set_window(1_700_000_000_000_000_000, 1_700_000_002_000_000_000, "test start → stop")
+    with pytest.raises(ValueError, match="ends before"):
+        b.set_window(2, 1, "bad")
+    b.count_quality("duplicate_readings_dropped", 3)
+    b.count_quality("duplicate_readings_dropped", 2)
+    b.device_quality("node0", "gpu0", duplicate_readings_dropped=1, edge_held_s=0.5)
+    b.device_quality("node0", "gpu0", duplicate_readings_dropped=2, edge_held_s=0.7)
+    info = json.loads((b.write(tmp_path / "run") / "run.json").read_text())
+    assert info["window"] == {"t0_ns": 1_700_000_000_000_000_000, "t1_ns": 1_700_000_002_000_000_000,
+                              "source": "test start → stop"}
+    assert info["data_quality"]["readings"] == {"duplicate_readings_dropped": 5}
+    assert info["data_quality"]["devices"] == [{"host": "node0", "device": "gpu0",
+                                                "duplicate_readings_dropped": 3, "edge_held_s": 0.7}]

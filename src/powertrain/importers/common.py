@@ -309,6 +309,45 @@ class RunBuilder:
     def add_device(self, host: str, device: str, kind: str = "gpu", vendor: str | None = None, **extra: Any) -> None:
         self.devices.append({"host": host, "device": device, "kind": kind, "vendor": vendor, **extra})
 
+    # -- the run's window and data quality (run.json "window", "data_quality") -------------------
+    def set_window(self, t0_ns: int, t1_ns: int, source: str) -> None:
+        """Record the run's own measurement window: ``run.json["window"] = {t0_ns, t1_ns, source}``.
+
+        ``source`` says in human words where the window comes from (``"MLPerf run_start → run_stop"``);
+        every energy, power and time figure of the run (import, summarize, report) is over it."""
+        t0, t1 = int(t0_ns), int(t1_ns)
+        if t1 < t0:
+            raise ValueError(f"window ends before it starts ({t0} > {t1}): {source}")
+        if not source:
+            raise ValueError("a window needs a source: say where its start and stop come from")
+        self.info["window"] = {"t0_ns": t0, "t1_ns": t1, "source": source}
+
+    @property
+    def data_quality(self) -> dict[str, Any]:
+        """``run.json["data_quality"]`` (created on first use): what cleaning removed, per field and device."""
+        dq: dict[str, Any] = self.info.setdefault("data_quality", {})
+        return dq
+
+    def count_quality(self, key: str, n: int, *, section: str = "readings") -> None:
+        """Add ``n`` to ``data_quality[section][key]`` (e.g. duplicate readings dropped); 0 is recorded too."""
+        sec = self.data_quality.setdefault(section, {})
+        sec[key] = int(sec.get(key, 0)) + int(n)
+
+    def device_quality(self, host: str, device: str, **values: Any) -> dict[str, Any]:
+        """The ``data_quality["devices"]`` entry of one device, updated with ``values``: integer counts
+        add up over calls, anything else (``edge_held_s``, ``why_null``) is set."""
+        devs: list[dict[str, Any]] = self.data_quality.setdefault("devices", [])
+        entry = next((d for d in devs if d["host"] == host and d["device"] == device), None)
+        if entry is None:
+            entry = {"host": host, "device": device}
+            devs.append(entry)
+        for k, v in values.items():
+            if isinstance(v, int) and not isinstance(v, bool) and isinstance(entry.get(k), int):
+                entry[k] += v
+            else:
+                entry[k] = v
+        return entry
+
     # -- results ------------------------------------------------------------------------------
     def telemetry(self) -> pa.Table:
         tables = [t for ts in self._telemetry.values() for t in ts]
