@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -115,3 +116,78 @@ def test_anchor_for_sources_with_their_own_times_is_refused(tmp_path):
     with pytest.raises(ValueError, match="drop --anchor"):
         import_sources("zeus", [FIX / "zeus_monitor_sample_power_mW.csv"], tmp_path / "run", tz="UTC",
                        anchor_ns=parse_anchor("2024-01-01T00:00:00Z"))
+
+
+# -- issue 13: folders, the run's window, and summaries that report the windows' own energy -----------
+
+
+def _real_dir(*parts: str) -> Path:
+    p = REAL.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"real data not found at {p} (set POWERTRAIN_REAL_DATA)")
+    return p
+
+
+def _summary(out: Path) -> dict:
+    from powertrain.analyze.summary import summarize_run
+
+    return summarize_run(out, probe_cpu_peak=False)
+
+
+@pytest.mark.parametrize("folder", ["a100x4_gpt3-xl_pp4", "a40x16_gpt3-6.7b_dp2pp4tp2"])
+def test_perseus_folder_imports_and_summarizes_to_its_windows(tmp_path, folder):
+    src = _real_dir("perseus-sosp24-pipeline-energy", folder)
+    out = import_sources("zeus", [src], tmp_path / "run", anchor_ns=parse_anchor("2024-08-20T09:00:00Z"))
+    info = json.loads((out / "run.json").read_text())
+    plans = sorted(src.glob("*.prof.json"), key=lambda p: int(p.name.split(".")[0]))
+    assert [s["path"] for s in info["import"]["sources"] if s["role"] == "zeus perseus"] == [str(p.resolve()) for p in plans]
+    assert info["perseus"]["config"]["mode"] == "frequency" and info["perseus"]["layout"]["pp"] == "4"
+    assert any("sched.json" in d for d in info["import"]["dropped"])
+    raw = [json.loads(p.read_text()) for p in plans]
+    total = sum(sum(r["iter_energy"]) for d in raw for r in d)
+    slowest = [max(r["iter_time"][i] for r in d) for d in raw for i in range(len(d[0]["iter_time"]))]
+    w = info["window"]
+    assert w["source"].startswith("Perseus") and (w["t1_ns"] - w["t0_ns"]) / 1e9 == pytest.approx(sum(slowest), abs=1e-6)
+    m = _summary(out)["metrics"]
+    assert m["energy_j"] == pytest.approx(total, rel=1e-3)  # the acceptance bound; in fact exact
+    assert m["energy_j"] == pytest.approx(total, rel=1e-9)
+    assert m["step_time_mean_s"] == pytest.approx(sum(slowest) / len(slowest), rel=1e-6)
+
+
+def test_zeus_window_csvs_summarize_to_their_windows(tmp_path):
+    folder = _real_dir("zeus-monitor-samples")
+    for i, src in enumerate(sorted(folder.glob("*+*.csv"))):
+        with open(src) as f:
+            rows = list(csv.DictReader(f))
+        total = sum(float(v) for r in rows for k, v in r.items() if k.endswith("_energy"))
+        out = import_sources("zeus", [src], tmp_path / f"run{i}", anchor_ns=parse_anchor("2023-07-07T12:00:00Z"))
+        info = json.loads((out / "run.json").read_text())
+        first, last = rows[0], rows[-1]
+        span_s = float(last["start_time"]) + float(last["elapsed_time"]) - float(first["start_time"])
+        assert (info["window"]["t1_ns"] - info["window"]["t0_ns"]) / 1e9 == pytest.approx(span_s, abs=1e-6)
+        assert info["window"]["source"] == "Zeus: first window start → last window end"
+        m = _summary(out)["metrics"]
+        assert m["energy_j"] == pytest.approx(total, rel=1e-3), src.name
+        assert m["step_time_mean_s"] is not None
+
+
+def test_a_folder_without_zeus_data_names_the_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(SourceFormatError, match=r"no Zeus window CSV.*in this folder") as exc:
+        import_sources("zeus", [tmp_path], tmp_path / "run")
+    assert exc.value.line is None
+
+
+def test_implausible_window_energy_leaves_that_device_without_a_counter(tmp_path):
+    f = tmp_path / "w.csv"
+    f.write_text("start_time,window_name,elapsed_time,gpu0_energy,gpu1_energy\n"
+                 "1714557600.0,a,2.0,300.0,-5.0\n1714557602.0,b,2.0,310.0,290.0\n")
+    with pytest.warns(UserWarning, match=r"energy_j: 1 implausible.*first at w.csv:2"):
+        out = import_sources("zeus", [f], tmp_path / "run")
+    info = json.loads((out / "run.json").read_text())
+    dq = info["data_quality"]
+    assert dq["implausible"]["energy_j"]["kinds"] == {"negative": 1}
+    assert "no counter" in next(d for d in dq["devices"] if d["device"] == "gpu1")["why_null"]
+    tel = read_telemetry(out)
+    assert set(tel.column("device").to_pylist()) == {"gpu0"}
+    assert tel.column("energy_j").to_pylist() == [0.0, 300.0, 610.0]

@@ -17,6 +17,23 @@
   the job's devices (``run.json`` ``job_device_count``). Several plans follow one another, their
   iterations numbered on. The per-microbatch ``time_breakdown`` has no positions in time and is
   dropped (listed).
+* **Perseus folders** (as the SOSP'24 artifact ships them: ``<plan>.prof.json``, ``<plan>.sched.json``,
+  ``perseus.json``, ``models_<gpu>.csv``): every profile, in numeric plan order; ``perseus.json`` and
+  the models CSV are recorded in ``run.json["perseus"]``; the ``.sched.json`` per-instruction clock
+  plans have no positions in time and are listed as dropped. A folder of Zeus CSVs imports each CSV.
+
+**The run's window and its energy.** Zeus and Perseus measure *energy per window* (per iteration),
+not power readings. So that ``summarize`` reports that very figure on the one energy rule
+(:mod:`powertrain.core.energy`), each device's windows are written as telemetry ``energy_j``: a
+cumulative counter per device with one row at every window start and end (start of the first = 0 J,
+each end = the sum of that device's windows so far). The counter path integrates such a counter
+exactly, so the energy of the run's window equals the sum of its windows' energies. ``run.json
+["window"]`` is the first window (iteration) start → the last window (iteration) end. Zeus windows
+may leave gaps between them (the power-limit optimizer's own time): nothing was measured there, the
+counter stays flat across a gap, and ``run.json["zeus"]["unmeasured_s"]`` (with a warning) says how
+many seconds of the window that is — the figure is the windows' energy, not an estimate of the gaps.
+A device with an implausible window energy (negative, non-finite) gets no counter at all (its
+``data_quality`` entry says why): a counter with a hole would under-count silently.
 """
 
 from __future__ import annotations
@@ -42,6 +59,7 @@ from powertrain.importers.common import (
     set_job_devices,
     telemetry_table,
 )
+from powertrain.importers.sanity import screen
 
 EPOCH_2001_S = 978_307_200
 
@@ -89,7 +107,7 @@ def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None,
             events.append({"rank": 0, "kind": "step", "step": first_step + len(events), "name": row[1], "t_start_ns": t0,
                            "t_end_ns": t0 + round(elapsed * 1e9),
                            "attrs": {"energy_j": energy, "energy_total_j": sum(energy.values()),
-                                     "elapsed_s": elapsed, "source": path.name}})
+                                     "elapsed_s": elapsed, "source": path.name, "where": f"{path.name}:{lineno}"}})
     b.mapped["start_time,elapsed_time,window_name"] = "events step (rank 0), one per window"
     b.info["step_unit"] = ("one Zeus measurement window (its iteration count is not recorded): step time is "
                            "the window's duration, step energy the window's energy")
@@ -136,7 +154,11 @@ def read_power(path: Path, b: RunBuilder, tz: dt.tzinfo) -> None:
 
 
 def read_perseus(path: Path, b: RunBuilder, offset_ns: int, first_step: int = 0) -> list[dict[str, Any]]:
-    """Per-rank iterations of one profile, back to back from ``offset_ns``, numbered from ``first_step``."""
+    """Per-rank iterations of one profile from ``offset_ns``, numbered from ``first_step``.
+
+    Iteration ``i`` of every rank starts at the same instant (a synchronous job: each iteration ends
+    with the pipeline flush and the optimizer step on all ranks); the iteration lasts as long as its
+    slowest rank, and each rank's step event its own ``iter_time``."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -145,20 +167,26 @@ def read_perseus(path: Path, b: RunBuilder, offset_ns: int, first_step: int = 0)
         raise SourceFormatError(path, 1, "expected a list of per-rank objects with iter_time and iter_energy")
     plan = path.name.split(".")[0]
     events = []
+    n_iter = {len(r.get("iter_time") or []) for r in data}
+    if len(n_iter) != 1:
+        raise SourceFormatError(path, None, f"the ranks list different numbers of iterations ({sorted(n_iter)})")
+    starts = [offset_ns]
+    for i in range(n_iter.pop()):
+        starts.append(starts[-1] + max(round(float(r["iter_time"][i]) * 1e9) for r in data))
     for r in data:
         rank = int(r["rank"])
         times, energies = r.get("iter_time") or [], r.get("iter_energy") or []
         if len(energies) not in (0, len(times)):
             raise SourceFormatError(path, None, f"rank {rank}: {len(times)} iter_time but {len(energies)} iter_energy")
-        t = offset_ns
         for i, it in enumerate(times):
-            dur = round(float(it) * 1e9)
+            t = starts[i]
             events.append({"rank": rank, "kind": "step", "name": "iteration", "step": first_step + i,
-                           "t_start_ns": t, "t_end_ns": t + dur,
+                           "t_start_ns": t, "t_end_ns": t + round(float(it) * 1e9),
                            "attrs": {"energy_j": float(energies[i]) if energies else None, "iteration": i,
-                                     "frequency_plan": plan, "source": path.name}})
-            t += dur
-    b.mapped["iter_time (s)"] = "events step per rank, back to back from --anchor"
+                                     "frequency_plan": plan, "source": path.name,
+                                     "where": f"{path.name}: rank {rank} iter_energy[{i}]"}})
+    b.mapped["iter_time (s)"] = ("events step per rank; iteration i of every rank starts together, the "
+                                 "iterations follow one another from --anchor (each as long as its slowest rank)")
     b.mapped["iter_energy (J)"] = "step attrs.energy_j (that rank's GPU)"
     b.drop("time_breakdown / energy_breakdown: per-instruction durations without positions in time")
     ranks = len(data)
@@ -170,9 +198,125 @@ def read_perseus(path: Path, b: RunBuilder, offset_ns: int, first_step: int = 0)
     return events
 
 
+def expand_sources(paths: Sequence[str | Path], b: RunBuilder) -> list[tuple[Path, str]]:
+    """``(file, kind)`` of every source: files as given, folders opened (Perseus plans in numeric
+    order, then Zeus CSVs by name); a folder's Perseus configuration goes to ``run.json["perseus"]``."""
+    out: list[tuple[Path, str]] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            kind = sniff(p)
+            if kind is None:
+                raise SourceFormatError(p, 1, "not a Zeus window CSV (start_time,window_name,elapsed_time,...), "
+                                              "power CSV (Time,Power) or Perseus .prof.json")
+            out.append((p, kind))
+            continue
+        found: list[tuple[Path, str]] = []
+        for x in sorted(p.iterdir(), key=_plan_order):
+            if not x.is_file():
+                continue
+            kind = sniff(x)
+            if kind is not None:
+                found.append((x, kind))
+            elif x.name.endswith(".sched.json"):
+                b.drop(f"{x.name}: Perseus per-instruction SM clock plan, no positions in time")
+            elif x.name == "perseus.json" or (x.name.startswith("models_") and x.suffix == ".csv"):
+                _perseus_config(x, b)
+            elif x.name != "LICENSE":
+                b.drop(f"{x.name}: not a Zeus/Perseus data file")
+        if not found:
+            raise SourceFormatError(p, None, "no Zeus window CSV, Zeus power CSV or Perseus <plan>.prof.json "
+                                             "in this folder")
+        out += found
+    return out
+
+
+def _plan_order(x: Path) -> tuple[int, float, str]:
+    head = x.name.split(".")[0]
+    return (0 if x.name.endswith(".prof.json") else 1, float(head) if head.isdigit() else float("inf"), x.name)
+
+
+def _perseus_config(x: Path, b: RunBuilder) -> None:
+    """``perseus.json`` (scheduler settings) and ``models_<gpu>.csv`` (parallel layout per model), as given."""
+    b.add_source(x, role="perseus configuration")
+    info = b.info.setdefault("perseus", {})
+    if x.suffix == ".json":
+        try:
+            info["config"] = json.loads(x.read_text())
+        except json.JSONDecodeError as exc:
+            raise SourceFormatError(x, exc.lineno, f"not valid JSON ({exc.msg})") from None
+        return
+    with open_text(x) as f:
+        rows = list(csv.DictReader(f))
+    info["models"] = rows
+    folder = x.parent.name.lower()
+    match = [r for r in rows if r.get("model") and r["model"].lower() in folder]
+    if len(match) == 1:
+        info["layout"] = match[0]
+        info["layout_note"] = f"the row of {x.name} whose model is named in the folder name {x.parent.name!r}"
+
+
+def write_energy_counters(b: RunBuilder, events: list[dict[str, Any]], span: tuple[int, int]) -> None:
+    """Each device's window energies as a cumulative ``energy_j`` counter (see the module doc)."""
+    per_dev: dict[str, list[tuple[int, int, float, str]]] = {}
+    for e in events:
+        if e.get("kind") != "step":
+            continue
+        a = e["attrs"]
+        energy = a.get("energy_j")
+        pairs = energy.items() if isinstance(energy, dict) else [(f"gpu{e['rank']}", energy)]
+        for dev, j in pairs:
+            per_dev.setdefault(dev, []).append((e["t_start_ns"], e["t_end_ns"], np.nan if j is None else float(j),
+                                                a.get("where") or a.get("source", "")))
+    unmeasured: dict[str, float] = {}
+    for dev, wins in sorted(per_dev.items()):
+        wins.sort()
+        t0 = np.array([w[0] for w in wins], dtype=np.int64)
+        t1 = np.array([w[1] for w in wins], dtype=np.int64)
+        j = screen(b, "energy_j", np.array([w[2] for w in wins]), where=[w[3] for w in wins])
+        why = None
+        if np.isnan(j).any():
+            why = f"{int(np.isnan(j).sum())} window(s) without a plausible energy: no counter (it would under-count)"
+        elif (t0[1:] < t1[:-1]).any():
+            why = "windows overlap: their energies cannot be one cumulative counter"
+        if why:
+            b.device_quality("node0", dev, why_null=why)
+            continue
+        t, c = _counter_rows(t0, t1, j, span)
+        b.add_telemetry(telemetry_table(t, "node0", dev, {"energy_j": c}))
+        if not any(d["host"] == "node0" and d["device"] == dev for d in b.devices):
+            b.add_device("node0", dev, kind="gpu", vendor="nvidia")
+        unmeasured[dev] = float((span[1] - span[0] - np.sum(t1 - t0)) / 1e9)
+    b.mapped["window energies"] = "telemetry energy_j: cumulative per device at window starts and ends"
+    if unmeasured:
+        b.info.setdefault("zeus", {})["unmeasured_s"] = unmeasured
+        worst = max(unmeasured.values())
+        if worst > 1e-3 * (span[1] - span[0]) / 1e9:
+            b.warn(f"energy is the sum of the measured windows: up to {worst:.1f} s of the "
+                   f"{(span[1] - span[0]) / 1e9:.1f} s window lie between windows and were not measured "
+                   "(run.json zeus.unmeasured_s per device)")
+
+
+def _counter_rows(t0: np.ndarray, t1: np.ndarray, j: np.ndarray, span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a flat-between-windows cumulative counter that covers ``span`` (0 J at its start)."""
+    cum = np.concatenate([[0.0], np.cumsum(j)])
+    t = [span[0]]
+    c = [0.0]
+    for i in range(t0.size):
+        if t0[i] > t[-1]:
+            t.append(int(t0[i]))
+            c.append(cum[i])
+        t.append(int(t1[i]))
+        c.append(cum[i + 1])
+    if span[1] > t[-1]:
+        t.append(span[1])
+        c.append(cum[-1])
+    return np.asarray(t, dtype=np.int64), np.asarray(c)
+
+
 def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | None = None,
                 anchor_ns: int | None = None, warmup_steps: int | None = None) -> RunBuilder:
-    """Import Zeus window CSVs, Zeus power-sample CSVs and Perseus profiles (sniffed per file).
+    """Import Zeus window CSVs, Zeus power-sample CSVs and Perseus profiles (sniffed per file), or
+    folders of them.
 
     Sources without wall-clock times (Perseus profiles, monotonic-clock window CSVs) are placed at
     ``anchor_ns`` (epoch ns, ``--anchor``) and refused without it. Perseus iterations are steps: all
@@ -183,11 +327,7 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
     events: list[dict[str, Any]] = []
     anchor_used = False
     perseus: list[str] = []
-    for p in map(Path, paths):
-        kind = sniff(p)
-        if kind is None:
-            raise SourceFormatError(p, 1, "not a Zeus window CSV (start_time,window_name,elapsed_time,...), "
-                                          "power CSV (Time,Power) or Perseus .prof.json")
+    for p, kind in expand_sources(paths, b):
         b.add_source(p, role=f"zeus {kind}")
         if kind == "window":
             ev, used = read_windows(p, b, anchor_ns, first_step=1 + max(
@@ -212,7 +352,16 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
                          "Zeus windows), and none was given: drop --anchor")
     if perseus:
         b.info["time_origin"] = (f"Perseus profiles ({', '.join(perseus)}) hold durations only: iterations are "
-                                 f"placed back to back from --anchor {iso(anchor_ns)}")
+                                 f"placed one after another from --anchor {iso(anchor_ns)}, every rank's "
+                                 "iteration i starting together")
+        b.info["rank_map"] = [{"rank": r, "host": "node0", "local_rank": r, "device": f"gpu{r}"}
+                              for r in sorted({e["rank"] for e in events})]
+    steps = [e for e in events if e["kind"] == "step"]
+    if steps:
+        span = (min(e["t_start_ns"] for e in steps), max(e["t_end_ns"] for e in steps))
+        b.set_window(*span, "Perseus: first iteration start → last iteration end" if perseus
+                     else "Zeus: first window start → last window end")
+        write_energy_counters(b, events, span)
     mark_window(events, warmup_steps, b)
     b.add_events(events_table(events))
     return b
