@@ -93,8 +93,8 @@ def test_energy_is_the_trapezoid_integral_with_interpolated_window_edges():
     s = 1_000_000_000
     t = np.array([0, 10, 20]) * s
     p = np.array([100.0, 200.0, 200.0])  # ramp then flat
-    e, cov = energy_between_j(t, p, 0, 20 * s)
-    assert e[0] == pytest.approx(1500.0 + 2000.0) and cov[0] == 20.0
+    e, why = energy_between_j(t, p, 0, 20 * s)
+    assert e[0] == pytest.approx(1500.0 + 2000.0) and why is None
     # a window inside one interval: exact for linear power (5..15 s: ramp 150→200 then flat)
     e, _ = energy_between_j(t, p, 5 * s, 15 * s)
     assert e[0] == pytest.approx((150 + 200) / 2 * 5 + 200 * 5)
@@ -102,12 +102,17 @@ def test_energy_is_the_trapezoid_integral_with_interpolated_window_edges():
     edges = np.array([0, 3, 7, 12, 20]) * s
     parts, _ = energy_between_j(t, p, edges[:-1], edges[1:])
     assert parts.sum() == pytest.approx(3500.0)
-    # outside the samples nothing is extrapolated; coverage says so
-    e, cov = total_energy_j(t, p, -10 * s, 30 * s)
-    assert e == pytest.approx(3500.0) and cov == 20.0
+    # readings that stop short of an edge: the nearest reading is held up to 5 s (core.energy) ...
+    e1, cov = total_energy_j(t, p, -3 * s, 24 * s)
+    assert e1 == pytest.approx(3500.0 + 3 * 100.0 + 4 * 200.0) and cov == 20.0
+    # ... and beyond that the energy is unknown (None), never an under-count
+    e2, cov = total_energy_j(t, p, -10 * s, 30 * s)
+    assert e2 is None and cov == 20.0
+    parts, why = energy_between_j(t, p, edges[:-1], edges[1:], span=(-10 * s, 20 * s))
+    assert np.isnan(parts).all() and why is not None and "start 10.0 s after" in why
     # unknown samples are skipped, not read as 0 W
-    e, _ = total_energy_j(t, np.array([100.0, np.nan, 300.0]), 0, 20 * s)
-    assert e == pytest.approx(4000.0)
+    e3, _ = total_energy_j(t, np.array([100.0, np.nan, 300.0]), 0, 20 * s)
+    assert e3 == pytest.approx(4000.0)
 
 
 def test_set_window_and_data_quality_reach_run_json(tmp_path):

@@ -54,6 +54,11 @@ def import_cmd(
     hta: bool = typer.Option(False, "--hta", help="kineto: also record Holistic Trace Analysis' overlap figure "
                              "(pip install 'powertrain[kineto]')."),
     name: str | None = typer.Option(None, "--name", help="Run name stored in run.json (default: folder name)."),
+    result: str | None = typer.Option(
+        None, "--result", metavar="N",
+        help="mlperf: a benchmark folder as MLCommons publishes it (result_N.txt beside power/result_N/) is "
+        "imported whole, one run directory per result under --out (named result_N); --result N imports only "
+        "result_N into --out."),
 ) -> None:
     """Import GPU logs, MLPerf power logs, Zeus/Perseus outputs, training logs or profiler traces.
 
@@ -65,6 +70,8 @@ def import_cmd(
 
       powertrain import mlperf results/gpt3/ --out runs/mlperf-gpt3
 
+      powertrain import mlperf training_results_v4.0/SMC/results/SMC_H100/gpt3 --out runs/gpt3  (every result_N)
+
       powertrain import auto gpu.csv train.log --out runs/joined
 
       powertrain import framework_log nemo.log --anchor 2024-05-01T10:00:05 --warmup-steps 2 --out runs/nemo
@@ -73,10 +80,46 @@ def import_cmd(
     `powertrain report` show step time, throughput and, where power was imported, energy.
     """
     anchor_ns = _anchor_ns(anchor, tz)
-    builder, run_dir = _import(kind, sources, out, anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
-                               gpus_per_node=gpus_per_node, seq_len=seq_len, detect_events=detect, name=name,
-                               hta=hta or None, warmup_steps=warmup_steps)
-    _print_result(builder, run_dir)
+    options: dict[str, Any] = dict(anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
+                                   gpus_per_node=gpus_per_node, seq_len=seq_len, detect_events=detect, name=name,
+                                   hta=hta or None, warmup_steps=warmup_steps)
+    runs = _mlperf_runs(kind, sources, result)
+    if runs is None:
+        builder, run_dir = _import(kind, sources, out, **options)
+        _print_result(builder, run_dir)
+        return
+    if len(runs) > 1:
+        typer.echo(f"{sources[0]}: a benchmark folder with {len(runs)} runs ({', '.join(n for n, _ in runs)}) "
+                   f"→ one run directory each under {out}")
+    for run_name, run_sources in runs:
+        target = out if result is not None else out / run_name
+        builder, run_dir = _import("mlperf", run_sources, target, **options)
+        _print_result(builder, run_dir)
+
+
+def _mlperf_runs(kind: str, sources: list[Path], result: str | None) -> list[tuple[str, list[Path]]] | None:
+    """The runs of an MLCommons-published benchmark folder (all, or ``--result N``); None for other sources."""
+    from powertrain.importers.detect import detect_kind
+    from powertrain.importers.mlperf import benchmark_runs
+
+    is_mlperf = kind == "mlperf" or (kind == "auto" and len(sources) == 1 and sources[0].is_dir()
+                                     and detect_kind(sources[0]) == "mlperf")
+    runs = benchmark_runs(sources[0]) if is_mlperf and len(sources) == 1 else None
+    if result is not None and not is_mlperf:
+        raise _fail(ValueError("--result applies to mlperf sources only: drop it"))
+    if runs is None:
+        if result is not None:
+            raise _fail(ValueError(f"--result {result}: {', '.join(map(str, sources))} is not a benchmark folder "
+                                   "laid out as MLCommons publishes results (result_N.txt beside power/result_N/)"))
+        return None
+    if result is None:
+        return runs
+    want = result if result.startswith("result_") else f"result_{result}"
+    chosen = [r for r in runs if r[0] == want]
+    if not chosen:
+        raise _fail(ValueError(f"--result {result}: {sources[0]} has no {want}; its runs are "
+                               f"{', '.join(n for n, _ in runs)}"))
+    return chosen
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -135,10 +178,41 @@ def _print_result(builder: RunBuilder, run_dir: Path) -> None:
     det = builder.info.get("detected_events")
     if det:
         typer.echo(f"  detected events: {len(det)} (" + ", ".join(sorted({d['name'] for d in det})) + ")")
-    ml = builder.info.get("mlperf") or {}
-    if ml.get("energy_run_kwh") is not None:
-        rep = ml.get("reported_energy_kwh")
-        extra = f" (submitter: {rep} kWh, {100 * ml['energy_vs_reported_rel']:+.3f}%)" if rep else ""
-        typer.echo(f"  energy run_start→run_stop: {ml['energy_run_kwh']:.2f} kWh{extra}")
+    _print_energy(builder, run_dir)
     if builder.dropped:
         typer.echo(f"  not imported: {len(builder.dropped)} item(s), listed in run.json import.dropped")
+
+
+def _print_energy(builder: RunBuilder, run_dir: Path) -> None:
+    """The run's energy as ``summary.json`` states it (written here), naming its window; for MLPerf
+    also the measurement-window energy and the MLCommons score beside it."""
+    from powertrain.analyze.summary import load_summary
+
+    tel = builder.telemetry()
+    has_power = tel.num_rows > 0 and tel.column("power_w").null_count < tel.num_rows
+    ml = builder.info.get("mlperf") or {}
+    if not has_power and "mlperf" not in builder.info:
+        return
+    summ = load_summary(run_dir)
+    win = summ.get("window") or {}
+    energy = (summ.get("metrics") or {}).get("energy_j")
+    where = f"{win.get('source', 'no window')}, {win.get('seconds') or 0:.1f} s"
+    if energy is not None:
+        typer.echo(f"  energy ({where}): {energy / 3.6e6:.4f} kWh = {energy:.0f} J (summary.json energy_j)")
+    else:
+        why = (summ.get("why_null") or {}).get("energy_j") or (ml.get("why_null") or {}).get("energy_run_j")
+        typer.echo(f"  energy ({where}): unknown — {why or 'no power readings in the window'}")
+    held = ml.get("edge_held_s") or {}
+    if held.get("nodes_held"):
+        typer.echo(f"    edges held: {held['nodes_held']} node(s), up to {held['max']:.2f} s "
+                   "(data_quality edge_held_s per node)")
+    if ml.get("measurement_window_energy_kwh") is not None:
+        typer.echo(f"  measurement-window energy (power_measurement_start→stop, nodes): "
+                   f"{ml['measurement_window_energy_kwh']:.4f} kWh")
+    if ml.get("score_kwh") is not None:
+        parts = ml.get("score_parts_j") or {}
+        rep = ml.get("reported_energy_kwh")
+        extra = (f"; submitter's total_power.txt {rep} kWh, nodes {100 * ml['score_nodes_vs_reported_rel']:+.3f}%"
+                 if rep and ml.get("score_nodes_vs_reported_rel") is not None else "")
+        typer.echo(f"  MLCommons score (mean power × time-to-train): {ml['score_kwh']:.4f} kWh = nodes "
+                   f"{(parts.get('nodes') or 0) / 3.6e6:.4f} + switch {(parts.get('switch') or 0) / 3.6e6:.4f}{extra}")
