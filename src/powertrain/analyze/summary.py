@@ -144,8 +144,7 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         "config": ctx.config,
         "metrics": metrics,
         "why_null": {k: v for k, v in why.items() if metrics.get(k) is None},
-        "window": {"t_start_ns": ctx.w0, "t_end_ns": ctx.w1, "seconds": ctx.window_s, "source": ctx.window_source,
-                   "measured_steps": ctx.sd.n if ctx.sd is not None else 0},
+        "window": {**ctx.window, "measured_steps": ctx.sd.n if ctx.sd is not None else 0},
         "sources": {"model_flops": work.flops_source, "peak_flops": work.peak_source, "energy": energy.source,
                     "devices_counted": "accelerators" if ctx.accel else "host"},
         "per_device": per_device,
@@ -159,6 +158,8 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         "data_quality": views.data_quality(ctx.info, ctx.dev_stats, ctx.window_s),
         "notes": notes,
     }
+    if power.per_step_why:
+        notes.append(f"per-step energy: {power.per_step_why}")
     for k in METRIC_NAMES:  # every null metric says why
         if metrics[k] is None and k not in summary["why_null"]:
             summary["why_null"][k] = ctx.no_tel or "not measured in this run"

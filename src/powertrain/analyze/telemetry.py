@@ -9,16 +9,23 @@ sweep-scale set (hundreds of devices × hours × 10 Hz) so summarises in bounded
 Definitions (all over the window ``[w0, w1]``):
 
 * **level statistics** (mean, max, quantiles) use the samples whose ``t_ns`` lies in the window;
-* **integrals and counter increases** are sums over *segments* between consecutive samples of a
-  device, each clipped to the window with linearly interpolated end values — so a window that starts
-  or ends between two samples is integrated exactly for piecewise-linear signals. A segment with a
-  null at either end contributes nothing; a negative counter step (a reset) contributes nothing;
+* **energy** of each device comes from the one integral, :mod:`powertrain.core.energy`: the power
+  integral (``window_energy``: trapezoid, interpolated edges, the nearest reading held up to the hold
+  limit, null with the reason beyond it) and, where the device has one, its energy counter
+  (``counter_window_energy``, same window and edge rule, resets un-wrapped by
+  :mod:`powertrain.core.counters`). With sub-windows (the measured steps) each device's energy per
+  sub-window comes from ``windows_energy`` with the run's window as the span, so they add up to the
+  run. DuckDB only selects the rows; the integration is numpy, per device, in a fixed order, so the
+  figures are the same on every analysis;
+* **other counter increases** (link, PCIe bytes) are sums over *segments* between consecutive
+  samples of a device, each clipped to the window with linearly interpolated end values. A segment
+  with a null at either end contributes nothing; a negative counter step (a reset) contributes nothing;
 * a **gap** is a segment longer than 2.5 × the device's nominal sample period.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +37,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from powertrain.analyze.signal import time_to_steady
+from powertrain.core.counters import unwrap
+from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, counter_window_energy, window_energy, windows_energy
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.tables import read_telemetry
 
 # Seconds of telemetry before and after the window that are scanned to find the samples bracketing
-# the window's edges.
+# the window's edges (more than any hold limit, so a reading just outside the window is found).
 EDGE_MARGIN_S = 30.0
 GAP_FACTOR = 2.5
 POWER_LIMIT_FRACTION = 0.9  # "near the limit": at or above 90 % of the enforced power limit
@@ -44,7 +53,7 @@ LEVEL_FIELDS = ("power_w", "power_avg_w", "temp_c", "temp_hotspot_c", "temp_mem_
                 "load_1m")
 MAX_FIELDS = ("mem_used_bytes", "cgroup_mem_bytes")
 INTEGRATED = ("power_w",)
-COUNTERS = tuple(c for c in COUNTER_FIELDS)
+COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "energy_j")  # energy_j: core.energy's counter rule
 NOT_IDLE = ~int(Throttle.IDLE) & 0xFFFFFFFF
 
 
@@ -100,12 +109,19 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel") -> list[dict[str, Any]]:
-    """One dict per (host, device) with level, integral, counter, ramp, gap and throttle statistics."""
+def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel", *,
+                 sub_windows: tuple[np.ndarray, np.ndarray] | None = None,
+                 hold_limit_s: float = DEFAULT_HOLD_LIMIT_S) -> list[dict[str, Any]]:
+    """One dict per (host, device) with level, energy, counter, ramp, gap and throttle statistics.
+
+    Energy keys (from :mod:`powertrain.core.energy`): ``energy_integral`` (a ``WindowEnergy`` of
+    ``power_w``), ``energy_counter`` (of ``energy_j``, where the device has readings of it) and, with
+    ``sub_windows`` (arrays of starts and ends), ``step_energy_j`` (per sub-window, NaN where refused)
+    with ``step_energy_why``."""
     margin = int(EDGE_MARGIN_S * 1e9)
     win = f"t_ns BETWEEN {w0} AND {w1}"
     # Which fields hold any data in the window: the heavy queries below only touch those.
-    all_fields = [*LEVEL_FIELDS, *MAX_FIELDS, "throttle", *COUNTERS]
+    all_fields = [*LEVEL_FIELDS, *MAX_FIELDS, "throttle", *COUNTERS, "energy_j"]
     counts = con.execute(f"SELECT {', '.join(f'count({f})' for f in all_fields)} FROM {name} WHERE {win}"
                          ).fetchall()[0]
     present = {f for f, c in zip(all_fields, counts, strict=True) if c}
@@ -137,13 +153,16 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     periods = {k: ((s["t_last_ns"] - s["t_first_ns"]) / (s["rows"] - 1) if s["rows"] > 1 else None)
                for k, s in by_key.items()}
     seg_fields = [f for f in (*INTEGRATED, *COUNTERS) if f in present]
+    energy_fields: list[str] = [f for f in ("power_w", "energy_j") if f in present]
     seg: dict[tuple[str, str], dict[str, Any]] = {}
     # Time to thermal steady state looks at the whole run (warm-up included), so then the pass reads it all.
     steady = "temp_c" in present
     lo, hi = (None, None) if steady else (w0 - margin, w1 + margin)
-    cols = ["t_ns", "host", "device", *seg_fields, *(["temp_c"] if steady else [])]
+    cols = ["t_ns", "host", "device", *dict.fromkeys([*seg_fields, *energy_fields]), *(["temp_c"] if steady else [])]
     for batch in _batches(con, name, cols, lo, hi):
         seg.update(_segments(batch, w0, w1, seg_fields, periods, steady_field="temp_c" if steady else None))
+        for key, row in _energies(batch, w0, w1, energy_fields, sub_windows, hold_limit_s).items():
+            seg.setdefault(key, {}).update(row)
     for key, row in seg.items():
         if key in by_key:
             by_key[key].update(row)
@@ -159,11 +178,13 @@ def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
                        name: str = "tel") -> pa.Table:
     """Per time bucket (one sample period): the mean and the sum of ``field`` over the samples in it,
     and how many samples that was. With one sample per device per period (the sampler's design),
-    ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``."""
+    ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``.
+    The sums run in (host, device, time) order, so they are the same to the last digit on every call
+    (DuckDB's parallel sums otherwise add rows from several files in varying order)."""
     sql = f"""
-        SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v) AS mean, sum(v) AS total,
-               count(*) AS n
-        FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v FROM {name}
+        SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v ORDER BY host, device, t) AS mean,
+               sum(v ORDER BY host, device, t) AS total, count(*) AS n
+        FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v, host, device, t_ns AS t FROM {name}
               WHERE t_ns BETWEEN {w0} AND {w1} AND {field} IS NOT NULL)
         GROUP BY b ORDER BY b
     """
@@ -223,6 +244,39 @@ def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tu
         out[k] = row
     if steady_field is not None:
         _add_steady_times(out, t, steady_field, rows)
+    return out
+
+
+def _energies(t: pa.Table, w0: int, w1: int, fields: Sequence[str], sub_windows: tuple[np.ndarray, np.ndarray] | None,
+              hold_limit_s: float) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per device in this batch: its energy over [w0, w1] from :mod:`powertrain.core.energy` — the
+    power integral, the energy counter where it has readings, and per sub-window the power integral
+    with the window as the span (see :func:`device_stats`)."""
+    if t.num_rows == 0 or not fields:
+        return {}
+    rows = _DeviceRows.of(t)
+    series = {f: rows.ordered(t, f) for f in fields}
+    bounds = np.r_[0, np.flatnonzero(~rows.same) + 1, len(rows.codes)]
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        ts = rows.ts[lo:hi]
+        row: dict[str, Any] = {}
+        if "power_w" in series:
+            p = series["power_w"][lo:hi]
+            ok = ~np.isnan(p)
+            row["energy_integral"] = window_energy(ts[ok], p[ok], w0, w1, hold_limit_s=hold_limit_s)
+            if sub_windows is not None:
+                row["step_energy_j"], row["step_energy_why"] = windows_energy(
+                    ts[ok], p[ok], sub_windows[0], sub_windows[1], span=(w0, w1), hold_limit_s=hold_limit_s)
+        if "energy_j" in series:
+            c = series["energy_j"][lo:hi]
+            ok = ~np.isnan(c)
+            if ok.any():  # a device without counter readings has no counter figure (not a refused one)
+                # a drop is a reset (the sampler already un-wrapped known moduli): the total continues
+                unwrapped = np.asarray(unwrap(c[ok].tolist(), None), dtype=np.float64)
+                row["energy_counter"] = counter_window_energy(ts[ok], unwrapped, w0, w1, hold_limit_s=hold_limit_s)
+        out[rows.keys[rows.codes[lo]]] = row
     return out
 
 
@@ -305,19 +359,15 @@ class _Segs:
 
 def _field_sums(t: pa.Table, fields: list[str], rows: _DeviceRows, seg: _Segs
                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per device and field: (values, counts) of the integral, covered time and steepest ramp of an
-    integrated field, or of the increase and covered time of a counter."""
+    """Per device and field: (values, counts) of the steepest ramp of an integrated field, or of the
+    increase and covered time of a counter."""
     cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     safe_dt = np.where(seg.dt > 0, seg.dt, 1.0)
     for f in fields:
         v = rows.ordered(t, f)
         v0, v1 = v[:-1], v[1:]
         ok = seg.valid & ~np.isnan(v0) & ~np.isnan(v1)
-        if f in INTEGRATED:
-            va = v0 + (v1 - v0) * (seg.a - seg.t0) / safe_dt
-            vb = v0 + (v1 - v0) * (seg.b - seg.t0) / safe_dt
-            cols[f"{f}_integral"] = seg.per_key_sum(ok, seg.clip / 1e9 * (va + vb) / 2)
-            cols[f"{f}_integral_s"] = seg.per_key_sum(ok, seg.clip / 1e9)
+        if f in INTEGRATED:  # its integral is core.energy's (see _energies); here only the steepest ramp
             ramp = seg.per_key_max(ok & seg.inside, np.abs(v1 - v0) / (safe_dt / 1e9))
             cols[f"{f}_ramp_max"] = (ramp, np.isfinite(ramp).astype(np.int64))
         else:

@@ -14,8 +14,9 @@ import numpy as np
 
 from powertrain.analyze import signal, steps
 from powertrain.analyze.families.context import DeviceKey, RunContext
-from powertrain.analyze.families.power import PowerFamily
+from powertrain.analyze.families.power import PowerFamily, device_energy
 from powertrain.analyze.metrics import THROTTLE_REASONS
+from powertrain.core.energy import WindowEnergy
 
 # Above this many in-window power samples, per-device spectra are skipped (the run-level oscillation
 # still comes from the device-mean signal).
@@ -46,7 +47,8 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
             "max_interval_s": s.get("max_interval_s"),
             "power_mean_w": s.get("power_w_mean"), "power_peak_w": s.get("power_w_max"),
             "power_p99_w": s.get("power_w_p99"), "power_ramp_max_w_per_s": s.get("power_w_ramp_max"),
-            "energy_counter_j": s.get("energy_j_delta"), "energy_integral_j": s.get("power_w_integral"),
+            "energy_j": _joules(device_energy(s)),
+            "energy_counter_j": _joules(s.get("energy_counter")), "energy_integral_j": _joules(s.get("energy_integral")),
             "temp_mean_c": s.get("temp_c_mean"), "temp_peak_c": s.get("temp_c_max"),
             "temp_time_to_steady_s": s.get("temp_c_steady_s"),
             "temp_mem_peak_c": s.get("temp_mem_c_max"),
@@ -65,6 +67,10 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
             row["step_time_mean_s"] = float(np.nanmean(sd.rank_step_s[idx])) if idx else None
         rows.append(row)
     return rows
+
+
+def _joules(e: WindowEnergy | None) -> float | None:
+    return None if e is None else e.energy_j
 
 
 def _per_device_spectra(con: duckdb.DuckDBPyConnection, pw: list[dict[str, Any]], w0: int, w1: int
@@ -103,13 +109,14 @@ def per_node(counted: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for host in sorted({s["host"] for s in counted}):
         devs = [s for s in counted if s["host"] == host]
         temps = [s["temp_c_mean"] for s in devs if s.get("temp_c_n")]
-        powers = [s["power_w_mean"] for s in devs if s.get("power_w_n")]
-        energy = [s.get("energy_j_delta") if s.get("energy_j_delta") is not None else s.get("power_w_integral")
-                  for s in devs]
+        with_power = [s for s in devs if s.get("power_w_n")]
+        powers = [float(s["power_w_mean"]) for s in with_power if s.get("power_w_mean") is not None]
+        all_known = len(powers) == len(with_power)  # mean power is null on a device whose energy is
+        energy = [_joules(device_energy(s)) for s in devs]
         known = [e for e in energy if e is not None]
         row: dict[str, Any] = {
             "host": host, "devices": len(devs),
-            "power_mean_w": float(np.mean(powers)) if powers else None,
+            "power_mean_w": float(np.mean(powers)) if powers and all_known else None,
             "power_sum_mean_w": float(np.sum(powers)) if powers and len(powers) == len(devs) else None,
             "energy_j": float(sum(known)) if energy and len(known) == len(energy) else None,
             "temp_mean_c": float(np.mean(temps)) if temps else None,
@@ -125,7 +132,8 @@ def per_node(counted: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def per_step(sd: steps.StepData | None, power: PowerFamily) -> list[dict[str, Any]]:
     """One row per measured step: its window, time, tokens, samples, straggler spread, mean device
-    power and cluster energy."""
+    power and cluster energy (core.energy over the step, the run's window as the span: the steps of a
+    window they tile add up to its energy)."""
     if sd is None:
         return []
     return [{
@@ -183,8 +191,24 @@ def with_rank_times(view: list[dict[str, Any]], per_rank: list[dict[str, Any]], 
     return [rows[k] for k in sorted(rows)]
 
 
+def _device_quality(s: dict[str, Any]) -> dict[str, Any]:
+    """One device's sampling, and how its energy over the window was made: seconds held at each edge
+    (``edge_held_s``), why it is null, readings dropped or merged by core.energy's cleaning."""
+    e = device_energy(s)
+    row: dict[str, Any] = {"host": s["host"], "device": s["device"], "samples": s["rows"], "rate_hz": s["rate_hz"],
+                           "gaps": s.get("gaps"), "gap_s": s.get("gap_s"), "max_interval_s": s.get("max_interval_s"),
+                           "energy_from": None, "edge_held_s": None, "held_start_s": None, "held_end_s": None,
+                           "energy_why_null": "no energy counter or power readings"}
+    if e is not None:
+        row.update({"energy_from": "counter" if s.get("energy_counter") is not None else "integral",
+                    "edge_held_s": e.edge_held_s, "held_start_s": e.held_start_s, "held_end_s": e.held_end_s,
+                    "energy_why_null": e.why_null, **e.quality})
+    return row
+
+
 def data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
-    """Fields supported, achieved sample rate, gaps and clock skew, as the report's data-quality panel."""
+    """Fields supported, achieved sample rate, gaps, edge holds and clock skew, as the report's
+    data-quality panel."""
     hosts = info.get("sampler_hosts") or {}
     skew = info.get("clock_skew_ns") or (info.get("clock") or {}).get("skew_ns")
     n_hosts = len(info.get("hosts") or hosts or {s["host"] for s in dev_stats})
@@ -194,11 +218,10 @@ def data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s
         "telemetry_notes": info.get("telemetry_notes") or [],
         "rate_hz_requested": {h: v.get("rate_hz_requested") for h, v in hosts.items()} or
                              (info.get("sampler") or {}).get("rate_hz"),
-        "devices": [{"host": s["host"], "device": s["device"], "samples": s["rows"], "rate_hz": s["rate_hz"],
-                     "gaps": s.get("gaps"), "gap_s": s.get("gap_s"), "max_interval_s": s.get("max_interval_s")}
-                    for s in dev_stats],
+        "devices": [_device_quality(s) for s in dev_stats],
         "clock_skew_ns": skew,
         "clock_skew_note": ("single host: all rows stamped by one clock" if n_hosts <= 1 and skew is None
                             else ("measured" if skew is not None else "not measured across hosts")),
         "window_s": window_s,
+        "from_import": info.get("data_quality") or {},  # what the importer found (implausible readings, …)
     }

@@ -3,8 +3,10 @@
 Which devices count: the run's accelerators (every device whose kind is not ``cpu``) when it has
 any; otherwise its host devices (``cpu`` rows), which is what a CPU-only run measures.
 
-The measurement window is the measured steps' window; without measured step events, the whole
-telemetry span (with a note saying so).
+The run's window — every energy, power and time metric of the run is over it — is, in this order:
+``run.json["window"]`` (``{"t0_ns", "t1_ns", "source"}``, written by importers: MLPerf run_start →
+run_stop, Zeus/Perseus windows, a user's ``import --window``); else the measured steps' extent (our
+own runs); else, with a note saying so, the whole telemetry span.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import numpy as np
 import pyarrow as pa
 
 from powertrain.analyze import steps, telemetry
+from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S
 from powertrain.store.rundir import RunDir
 from powertrain.store.tables import read_events
 
 DeviceKey = tuple[str | None, str | None]
+# How long a window edge may be held at the nearest reading (core.energy's default, stated here once).
+HOLD_LIMIT_S = DEFAULT_HOLD_LIMIT_S
 
 
 @dataclass
@@ -97,9 +102,47 @@ class RunContext:
         """The counted devices with samples of ``field`` in the window."""
         return [s for s in self.counted if s.get(f"{field}_n")]
 
+    @property
+    def window(self) -> dict[str, Any]:
+        """The run's window as ``summary.json`` states it."""
+        return {"t0_ns": self.w0, "t1_ns": self.w1, "source": self.window_source, "seconds": self.window_s}
+
     def close(self) -> None:
         telemetry.release(self.con)
         self.con.close()
+
+
+def declared_window(info: dict[str, Any]) -> tuple[int, int, str] | None:
+    """``run.json["window"]`` as ``(t0_ns, t1_ns, source)``, or None when the run declares none.
+
+    A window that is present but malformed is an error (naming what to fix), never ignored."""
+    w = info.get("window")
+    if w is None:
+        return None
+    try:
+        t0, t1 = w["t0_ns"], w["t1_ns"]
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"run.json window must be {{t0_ns, t1_ns, source}}, got {w!r}") from exc
+    if isinstance(t0, bool) or isinstance(t1, bool) or not isinstance(t0, int) or not isinstance(t1, int):
+        raise ValueError(f"run.json window t0_ns / t1_ns must be integers (ns since the epoch), got {w!r}")
+    if t1 <= t0:
+        raise ValueError(f"run.json window ends before it starts (t0_ns {t0} >= t1_ns {t1})")
+    return t0, t1, str(w.get("source") or "run.json window (no source named)")
+
+
+def _window(info: dict[str, Any], sd: steps.StepData | None, tspan: tuple[int, int] | None,
+            notes: list[str]) -> tuple[int, int, str]:
+    """The run's window and its source, in the order of the module doc."""
+    declared = declared_window(info)
+    if declared is not None:
+        return declared
+    if sd is not None:
+        return sd.window[0], sd.window[1], "measured steps"
+    if tspan is not None:
+        notes.append("no window in run.json and no measured step events: telemetry metrics cover the whole "
+                     "telemetry span")
+        return tspan[0], tspan[1], "whole telemetry span (no window in run.json, no measured step events)"
+    return 0, 0, "none"
 
 
 def _device_kind(info: dict[str, Any]) -> dict[DeviceKey, dict[str, Any]]:
@@ -116,20 +159,14 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     con.execute("SET enable_progress_bar = false")
     n_rows = telemetry.open_telemetry(con, run.path)
     tspan = telemetry.span(con)
-    if sd is not None:
-        w0, w1 = sd.window
-        window_source = "measured steps"
-    elif tspan is not None:
-        w0, w1 = tspan
-        window_source = "whole telemetry span (no measured step events)"
-        notes.append("no measured step events: telemetry metrics cover the whole run")
-    else:
-        w0 = w1 = 0
-        window_source = "none"
-    dev_stats = telemetry.device_stats(con, w0, w1) if n_rows and w1 > w0 else []
-    for s in dev_stats:  # time-weighted mean (integral / time covered): unbiased by uneven sampling
-        if s.get("power_w_integral") is not None and s.get("power_w_integral_s"):
-            s["power_w_mean"] = s["power_w_integral"] / s["power_w_integral_s"]
+    w0, w1, window_source = _window(info, sd, tspan, notes)
+    sub = (sd.t_start_ns, sd.t_end_ns) if sd is not None else None
+    dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S)
+                 if n_rows and w1 > w0 else [])
+    for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
+        e = s.get("energy_integral")
+        if e is not None:
+            s["power_w_mean"] = e.mean_power_w
     ctx = RunContext(run=run, info=info, events=events, sd=sd, con=con, w0=w0, w1=w1, window_source=window_source,
                      dev_stats=dev_stats, kinds=_device_kind(info), counted=[], accel=False,
                      no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes)

@@ -1,24 +1,30 @@
 """Power and energy: levels, peaks, ramps and oscillation of the devices' power; the cluster's power;
-per-step power and energy; the run's energy (counter or integral) and energy per token and sample."""
+per-step power and energy; the run's energy (counter or integral) and energy per token and sample.
+
+Every energy here is :mod:`powertrain.core.energy`'s, computed per device over the run's window by
+:func:`powertrain.analyze.telemetry.device_stats`: a device's energy is its hardware counter's where
+it has one, else its power integral; the run's energy is their sum, and null — naming the device —
+when any counted device's is null (an edge gap beyond the hold limit, no readings), never an
+under-count. Mean power over the window is energy / window seconds. Sums over devices run in the
+devices' sorted order, so the same run gives the same figures to the last digit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 from powertrain.analyze import signal, steps, telemetry
 from powertrain.analyze.families.context import Family, RunContext
+from powertrain.core.energy import WindowEnergy
 
 # Every metric that needs power samples: null with one reason when no counted device has any.
 POWER_METRICS = ("power_mean_w", "power_peak_w", "power_p99_w", "power_peak_to_mean", "power_ramp_max_w_per_s",
                  "power_osc_freq_hz", "power_osc_amp_w", "power_swing_w", "cluster_power_mean_w",
                  "cluster_power_peak_w", "energy_integral_j")
-# Energy must cover at least this share of the measured window on every device, else a note says so.
-ENERGY_COVER_NOTE_BELOW = 0.95
 
 
 @dataclass
@@ -27,6 +33,7 @@ class PowerFamily(Family):
 
     per_step_power_w: dict[int, float] = field(default_factory=dict)
     per_step_energy_j: dict[int, float] = field(default_factory=dict)
+    per_step_why: str | None = None  # why a step has no energy, when one has none
 
 
 @dataclass
@@ -53,19 +60,50 @@ def power_family(ctx: RunContext) -> PowerFamily:
             sum(s["power_above_limit"] * s["power_above_limit_n"] for s in lim) / sum(s["power_above_limit_n"] for s in lim))
     else:
         fam.why_null["power_above_90pct_limit_share"] = (
-            fam.why_null.get("power_mean_w") or "no power_limit_w field on these devices")
+            (ctx.no_tel or "no power field on these devices") if not pw else "no power_limit_w field on these devices")
     if pw:
         _cluster_power(ctx, pw, fam)
     return fam
 
 
+def device_name(s: dict[str, Any]) -> str:
+    return f"{s['host']}/{s['device']}"
+
+
+def device_energy(s: dict[str, Any]) -> WindowEnergy | None:
+    """The device's energy over the window: its counter's where it has counter readings, else its
+    power integral (None: neither)."""
+    got = s.get("energy_counter") or s.get("energy_integral")
+    return got if isinstance(got, WindowEnergy) else None
+
+
+def _total(devs: list[dict[str, Any]], pick: Callable[[dict[str, Any]], WindowEnergy | None], what: str
+           ) -> tuple[float | None, str | None]:
+    """Sum of the devices' energies (in their order), or None with the first device that has none."""
+    if not devs:
+        return None, "no counted device with telemetry in the window"
+    total = 0.0
+    for s in devs:
+        e = pick(s)
+        if e is None:
+            return None, f"{device_name(s)}: no {what}"
+        if e.energy_j is None:
+            return None, f"{device_name(s)}: {e.why_null}"
+        total += e.energy_j
+    return total, None
+
+
 def _power_levels(ctx: RunContext, pw: list[dict[str, Any]], fam: Family) -> None:
-    """Mean, peak, p99, peak-to-mean, swing and steepest ramp of the devices' power."""
+    """Mean (energy / window seconds), peak, p99, peak-to-mean, swing and steepest ramp of the devices' power."""
     m = fam.metrics
-    m["power_mean_w"] = float(np.mean([s["power_w_mean"] for s in pw]))
+    _, why_mean = _total(pw, lambda s: s.get("energy_integral"), "power readings")
+    if why_mean is None:
+        m["power_mean_w"] = float(np.mean([s["power_w_mean"] for s in pw]))
+    else:
+        fam.why_null["power_mean_w"] = f"mean power over the window is energy / seconds, and {why_mean}"
     m["power_peak_w"] = float(max(s["power_w_max"] for s in pw))
     m["power_peak_to_mean"] = max(
-        (s["power_w_max"] / s["power_w_mean"] for s in pw if s["power_w_mean"]), default=None)
+        (s["power_w_max"] / s["power_w_mean"] for s in pw if s.get("power_w_mean")), default=None)
     m["power_swing_w"] = float(np.mean([s["power_w_p99"] - s["power_w_p01"] for s in pw]))
     ramps = [s["power_w_ramp_max"] for s in pw if s.get("power_w_ramp_max") is not None]
     m["power_ramp_max_w_per_s"] = float(max(ramps)) if ramps else None
@@ -83,84 +121,115 @@ def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: i
 
 
 def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) -> None:
-    """The cluster's power (sum over devices, in sample periods where every device reported), the
-    dominant oscillation of the device-mean power, and per measured step its power and energy."""
+    """The cluster's power: its mean (all counted devices' energy / window seconds) and its peak (sum
+    over devices, in sample periods where every device reported); the dominant oscillation of the
+    device-mean power; per measured step its energy and mean device power."""
     period = float(np.median([s["period_s"] for s in pw if s["period_s"]] or [0.1]))
     bucket_ns = max(int(period * 1e9), 1)
     series = telemetry.device_mean_series(ctx.con, ctx.w0, ctx.w1, bucket_ns)
     n_full = len(pw)
+    energy, why = _total(ctx.counted, lambda s: s.get("energy_integral"), "power readings")
+    if energy is not None and ctx.window_s > 0:
+        fam.metrics["cluster_power_mean_w"] = energy / ctx.window_s
+    else:
+        fam.why_null["cluster_power_mean_w"] = f"the cluster's energy over the window is unknown: {why}"
     tot = [t for t, n in zip(series["total"].to_pylist(), series["n"].to_pylist(), strict=True) if n == n_full]
     if tot:
-        fam.metrics["cluster_power_mean_w"] = float(np.mean(tot))
         fam.metrics["cluster_power_peak_w"] = float(np.max(tot))
     else:
-        fam.why_null["cluster_power_mean_w"] = fam.why_null["cluster_power_peak_w"] = (
-            "no sample period where every device reported")
+        fam.why_null["cluster_power_peak_w"] = "no sample period where every device reported"
     osc = signal.dominant_oscillation(series["t_ns"].to_numpy(), series["mean"].to_numpy(), period)
     if osc:
         fam.metrics["power_osc_freq_hz"], fam.metrics["power_osc_amp_w"] = osc
     else:
         fam.why_null["power_osc_freq_hz"] = fam.why_null["power_osc_amp_w"] = "too few samples or a flat power signal"
     if ctx.sd is not None:
-        _per_step(ctx, ctx.sd, series, bucket_ns, n_full, fam)
+        _per_step(ctx, ctx.sd, fam)
 
 
-def _per_step(ctx: RunContext, sd: steps.StepData, series: pa.Table, bucket_ns: int, n_full: int,
-              fam: PowerFamily) -> None:
-    """Per measured step: the mean of the device-mean power, and the cluster power (sum over devices,
-    where every device reported) integrated over the step window — one bucket beyond the window on
-    each side so the first and last steps are covered too."""
-    t_ns = series["t_ns"].to_numpy()
-    mean = series["mean"].to_numpy()
-    wide = telemetry.device_mean_series(ctx.con, ctx.w0 - bucket_ns, ctx.w1 + bucket_ns, bucket_ns)
-    full = wide["n"].to_numpy() == n_full
-    t_full, total_full = wide["t_ns"].to_numpy()[full], wide["total"].to_numpy()[full].astype(float)
-    for s, a, b in zip(sd.steps.tolist(), sd.t_start_ns.tolist(), sd.t_end_ns.tolist(), strict=True):
-        sel = (t_ns >= a) & (t_ns <= b)
-        if sel.any():
-            fam.per_step_power_w[s] = float(np.mean(mean[sel]))
-        energy = signal.trapezoid_j(*signal.clip_interp(t_full, total_full, a, b))
-        if energy is not None:
-            fam.per_step_energy_j[s] = energy
+def _per_step(ctx: RunContext, sd: steps.StepData, fam: PowerFamily) -> None:
+    """Per measured step inside the run's window: the counted devices' energy (core.energy's
+    ``windows_energy`` with the run's window as the span, so the steps add up to the run) and their
+    mean power (that energy / the step's seconds / devices). Null for every step when any counted
+    device's energy is unknown (``per_step_why``)."""
+    per_dev = []
+    for s in ctx.counted:
+        e = s.get("step_energy_j")
+        if e is None:
+            fam.per_step_why = f"{device_name(s)}: no power readings"
+            return
+        if s.get("step_energy_why"):
+            fam.per_step_why = f"{device_name(s)}: {s['step_energy_why']}"
+            return
+        per_dev.append(np.asarray(e, dtype=np.float64))
+    if not per_dev:
+        return
+    total = np.zeros(sd.n)
+    for e in per_dev:  # in the devices' sorted order: the same sum on every analysis
+        total += e
+    inside = (sd.t_start_ns >= ctx.w0) & (sd.t_end_ns <= ctx.w1)
+    for j, s in enumerate(sd.steps.tolist()):
+        if not inside[j]:
+            continue
+        fam.per_step_energy_j[s] = float(total[j])
+        dur_s = (int(sd.t_end_ns[j]) - int(sd.t_start_ns[j])) / 1e9
+        if dur_s > 0:
+            fam.per_step_power_w[s] = float(total[j]) / dur_s / len(per_dev)
+    if not inside.all():
+        fam.per_step_why = "steps outside the run's window have no energy here (the run's window is its own)"
 
 
 def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
-    """The run's energy from hardware counters and from integrated power, how far they disagree, which
-    one ``energy_j`` is (the counter when every counted device has one), and energy per token and per
-    sample (``step``: the step family, for throughput and its null reasons)."""
+    """The run's energy from hardware counters and from integrated power (both core.energy's, over the
+    run's window), how far they disagree, the run's energy ``energy_j`` (per device its counter where it
+    has one, else its integral; null naming the device when any is unknown), and energy per token and
+    per sample (``step``: the step family, for throughput and its null reasons)."""
     fam = EnergyFamily()
     m, why = fam.metrics, fam.why_null
-    integ = [s for s in ctx.have("power_w") if s.get("power_w_integral") is not None]
-    ctr = [s for s in ctx.counted if s.get("energy_j_delta") is not None and s.get("energy_j_n", 1) is not None]
-    ctr = [s for s in ctr if s.get("energy_j_delta_s")]
-    if integ:
-        m["energy_integral_j"] = float(sum(s["power_w_integral"] for s in integ))
-    if ctr:
-        m["energy_counter_j"] = float(sum(s["energy_j_delta"] for s in ctr))
+    counted = ctx.counted
+    with_ctr = [s for s in counted if s.get("energy_counter") is not None]
+    m["energy_integral_j"], w_int = _total(counted, lambda s: s.get("energy_integral"), "power readings")
+    if w_int:
+        why["energy_integral_j"] = ctx.no_tel or w_int
+    if with_ctr and len(with_ctr) == len(counted):
+        m["energy_counter_j"], w_ctr = _total(counted, lambda s: s.get("energy_counter"), "energy counter")
+        if w_ctr:
+            why["energy_counter_j"] = w_ctr
     else:
-        why["energy_counter_j"] = ctx.no_tel or "no hardware energy counter on these devices"
-    both = [s for s in ctx.counted if s.get("power_w_integral") is not None and s.get("energy_j_delta")]
-    if both:
-        c = sum(s["energy_j_delta"] for s in both)
-        i = sum(s["power_w_integral"] for s in both)
-        m["energy_disagreement_pct"] = (i - c) / c * 100 if c else None
+        why["energy_counter_j"] = ctx.no_tel or (
+            f"{device_name(next(s for s in counted if s.get('energy_counter') is None))}: no hardware energy counter"
+            if with_ctr else "no hardware energy counter on these devices")
+    _disagreement(counted, fam)
+    m["energy_j"], w_e = _total(counted, device_energy, "energy counter or power readings")
+    if w_e or not counted:
+        why["energy_j"] = ctx.no_tel or w_e or "no counted device"
     else:
-        why["energy_disagreement_pct"] = "needs both an energy counter and power samples on the same devices"
-    if ctr and len(ctr) == ctx.n_dev:
-        m["energy_j"] = m["energy_counter_j"]
-        fam.source = "counter"
-    elif integ and len(integ) == ctx.n_dev:
-        m["energy_j"] = m["energy_integral_j"]
-        fam.source = "integral"
-    else:
-        why["energy_j"] = ctx.no_tel or "no energy counter or power samples on every device"
-    if fam.source and ctx.window_s > 0:
-        cover_key = "energy_j_delta_s" if fam.source == "counter" else "power_w_integral_s"
-        cover = min((s.get(cover_key) or 0.0) for s in ctx.counted) / ctx.window_s
-        if cover < ENERGY_COVER_NOTE_BELOW:
-            fam.notes.append(f"energy covers only {100 * cover:.0f}% of the measured window on some device")
+        fam.source = ("counter" if len(with_ctr) == len(counted) else "integral" if not with_ctr
+                      else "counter where the device has one, else integral")
+    held = [(device_name(s), e.edge_held_s) for s in counted if (e := device_energy(s)) is not None
+            and e.energy_j is not None and e.edge_held_s > 0]
+    if held:
+        name, most = max(held, key=lambda x: x[1])
+        fam.notes.append(f"energy holds the nearest reading at the window's edges on {len(held)} device(s), "
+                         f"at most {most:.2f} s ({name}); data_quality.devices[].edge_held_s per device")
     _per_work(ctx.tokens, step, fam)
     return fam
+
+
+def _disagreement(counted: list[dict[str, Any]], fam: EnergyFamily) -> None:
+    """(integral − counter) / counter × 100 over the devices where both are known."""
+    both = [(s["energy_integral"].energy_j, s["energy_counter"].energy_j) for s in counted
+            if s.get("energy_integral") is not None and s.get("energy_counter") is not None
+            and s["energy_integral"].energy_j is not None and s["energy_counter"].energy_j is not None]
+    if both:
+        i = sum(x for x, _ in both)
+        c = sum(y for _, y in both)
+        if c:
+            fam.metrics["energy_disagreement_pct"] = (i - c) / c * 100
+        else:
+            fam.why_null["energy_disagreement_pct"] = "the energy counters read 0 J over the window"
+    else:
+        fam.why_null["energy_disagreement_pct"] = "needs both an energy counter and power samples on the same devices"
 
 
 def _per_work(tokens: float | None, step: Family, fam: EnergyFamily) -> None:
