@@ -193,3 +193,70 @@ def test_powertraces_malformed_row_is_named(tmp_path):
     with pytest.raises(SourceFormatError, match=r"pt\.csv:3: gpu_id 'one' is not a GPU index"):
         import_sources("powertraces", [f], tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+# -- issue 13: implausible readings and units ---------------------------------------------------------
+
+
+def _hostile(tmp_path):
+    f = tmp_path / "hostile.csv"
+    f.write_text(
+        "timestamp, index, name, power.draw [W], temperature.gpu, memory.used [MiB]\n"
+        "2024/05/01 10:00:00.000, 0, NVIDIA H100 80GB HBM3, 300.00 W, 40, 100 MiB\n"  # line 2
+        "2024/05/01 10:00:01.000, 0, NVIDIA H100 80GB HBM3, 1e308, 41, 100 MiB\n"  # line 3: too high
+        "2024/05/01 10:00:02.000, 0, NVIDIA H100 80GB HBM3, inf, 42, 100 MiB\n"  # line 4: non-finite
+        "2024/05/01 10:00:03.000, 0, NVIDIA H100 80GB HBM3, -500 W, -273, 1 GiB\n"  # line 5: negative, too cold
+        "2024/05/01 10:00:04.000, 0, NVIDIA H100 80GB HBM3, 0.5 kW, 43, 100 MiB\n"  # line 6: 500 W
+        "2024/05/01 10:00:05.000, 0, NVIDIA H100 80GB HBM3, 500 mW, 44, [N/A]\n"  # line 7: 0.5 W
+    )
+    return f
+
+
+def test_hostile_values_are_counted_kept_out_and_warned_once_each(tmp_path):
+    import warnings
+
+    from powertrain.importers.common import ImportWarning_
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = import_nvsmi([_hostile(tmp_path)], tz="UTC").write(tmp_path / "run")
+    lines = [str(w.message) for w in caught if issubclass(w.category, ImportWarning_)]
+    assert len(lines) == 2 and all("\n" not in m for m in lines)  # one line per field
+    assert any(m.startswith("power_w: 3 implausible") and "hostile.csv:3" in m for m in lines)
+    assert any(m.startswith("temp_c: 1 implausible") and "hostile.csv:5" in m for m in lines)
+    tel = read_telemetry(out).sort_by("t_ns")
+    p = tel.column("power_w").to_pylist()
+    assert p == [300.0, None, None, None, 500.0, 0.5]  # kept out; 0.5 kW is 500 W, 500 mW is 0.5 W
+    assert tel.column("temp_c").to_pylist() == [40.0, 41.0, 42.0, None, 43.0, 44.0]
+    assert tel.column("mem_used_bytes").to_pylist()[3] == 1 << 30
+    dq = json.loads((out / "run.json").read_text())["data_quality"]["implausible"]
+    assert dq["power_w"]["count"] == 3
+    assert dq["power_w"]["kinds"] == {"negative": 1, "too_high": 1, "non_finite": 1}
+    assert dq["power_w"]["first_of_kind"] == {"negative": "hostile.csv:5", "too_high": "hostile.csv:3",
+                                              "non_finite": "hostile.csv:4"}
+    assert dq["power_w"]["limits"] == [0.0, 2100.0] and "TDP" in dq["power_w"]["limits_source"]
+    assert dq["temp_c"] == {**dq["temp_c"], "count": 1, "first": "hostile.csv:5", "kinds": {"too_low": 1}}
+
+
+@pytest.mark.parametrize(("header", "cell", "watts"), [
+    ("power.draw [kW]", "0.5", 500.0), ("power.draw [mW]", "500", 0.5), ("power.draw [W]", "250.00 W", 250.0),
+    ("power.draw", "250.00 W", 250.0), ("power.draw [W]", "0.25 kW", 250.0),
+])
+def test_units_in_header_and_cells_are_honoured(tmp_path, header, cell, watts):
+    f = tmp_path / "u.csv"
+    f.write_text(f"timestamp, index, {header}, clocks.sm [GHz], temperature.gpu [K]\n"
+                 f"2024/05/01 10:00:00.000, 0, {cell}, 1.41, 313.15\n")
+    tel = read_telemetry(import_nvsmi([f], tz="UTC").write(tmp_path / "run"))
+    assert tel.column("power_w").to_pylist() == [pytest.approx(watts)]
+    assert tel.column("clock_sm_mhz").to_pylist() == [pytest.approx(1410.0)]
+    assert tel.column("temp_c").to_pylist() == [pytest.approx(40.0)]
+
+
+@pytest.mark.parametrize(("header", "cell", "line"), [
+    ("power.draw [furlongs]", "300", 1), ("power.draw [W]", "300 hp", 2), ("memory.used [MiB]", "3 parsecs", 2),
+])
+def test_an_unknown_unit_is_an_error_naming_the_column(tmp_path, header, cell, line):
+    f = tmp_path / "bad.csv"
+    f.write_text(f"timestamp, index, {header}\n2024/05/01 10:00:00.000, 0, {cell}\n")
+    with pytest.raises(SourceFormatError, match=rf"bad.csv:{line}: column '{header.split(' [')[0]}.*unknown unit"):
+        import_nvsmi([f], tz="UTC")

@@ -34,23 +34,23 @@ from powertrain.importers.common import (
     resolve_zone,
     telemetry_table,
 )
+from powertrain.importers.sanity import screen
+from powertrain.importers.units import UnitError, conversion, dimension, split_value
 
 # One mapping of NVML reason bits for live sampling and imports alike.
 nvml_reasons_to_throttle = throttle_from_nvml
 
 
-_MIB = 1 << 20
-_BYTES = {"b": 1, "kib": 1 << 10, "mib": _MIB, "gib": 1 << 30, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
-
-
 def _num(v: str, header_unit: str) -> float:
-    return float(v.split()[0])
+    """A plain number (the column's unit is checked by the caller: :func:`_physical` for units)."""
+    return split_value(v)[0]
 
 
 def _bytes(v: str, header_unit: str) -> float:
-    parts = v.split()
-    unit = (parts[1] if len(parts) > 1 else header_unit or "MiB").lower()
-    return float(parts[0]) * _BYTES.get(unit, _MIB)
+    """Memory: the cell's unit, else the header's, else MiB (what nvidia-smi writes)."""
+    x, unit = split_value(v)
+    scale, _ = conversion("mem_used_bytes", unit or header_unit or "MiB")
+    return x * scale
 
 
 def _hexmask(v: str, header_unit: str) -> float:
@@ -155,11 +155,43 @@ def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: 
     dev_idx = _device_indices(path, id_key, rows.ids, t_arr, gpus, builder)
     devices = [f"gpu{i}" for i in dev_idx]
     fields: dict[str, Any] = {}
+    where = np.array([f"{path.name}:{n}" for n in rows.lines])
+    names = _row_device_names(id_key, dev_idx, rows)
     for col, values in rows.cols.items():
         arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        fields[col] = arr
+        fields[col] = _screened(builder, col, arr, where, names)
     builder.add_telemetry(telemetry_table(t_arr, host, devices, fields))
     _add_devices(builder, host, id_key, dev_idx, rows)
+
+
+def _cell_value(fn: Callable[[str, str], float], col: str, cell: str, unit: str, key: str) -> float:
+    """One cell in the column's unit: a unit in the cell (``0.5 kW``) wins over the header's."""
+    if fn is _hexmask:
+        return fn(cell, unit)
+    x, cell_unit = split_value(cell)
+    u = cell_unit or unit or ("MiB" if fn is _bytes else "")
+    scale, offset = conversion(col, u, f"{key} [{u}]")
+    return x * scale + offset
+
+
+def _row_device_names(id_key: str | None, dev_idx: list[int], rows: _Rows) -> np.ndarray | None:
+    """The logged GPU name of every row (for the TDP bound of power); ``None`` when the log has none."""
+    if id_key is None or not rows.infos or not any(i.get("name") for i in rows.infos.values()):
+        return None
+    return np.array([rows.infos.get(ident, {}).get("name") or "" for ident in rows.ids])
+
+
+def _screened(b: RunBuilder, col: str, arr: np.ndarray, where: np.ndarray, names: np.ndarray | None) -> np.ndarray:
+    """Implausible readings of one column → NaN (counted in data_quality), per GPU model for power."""
+    if dimension(col) is None:
+        return arr
+    if names is None or dimension(col) != "power":
+        return screen(b, col, arr, where=where)
+    out = np.empty_like(arr)
+    for name in np.unique(names):
+        sel = names == name
+        out[sel] = screen(b, col, arr[sel], where=where[sel], device_name=str(name) or None)
+    return out
 
 
 def _column_plan(path: Path, names: list[tuple[str, str]], builder: RunBuilder) -> _Plan:
@@ -183,6 +215,11 @@ def _column_plan(path: Path, names: list[tuple[str, str]], builder: RunBuilder) 
             if any(c == col for _, c, _, _ in plan):
                 builder.drop(f"{k}: another field already fills {col}")
                 continue
+            if fn is not _hexmask:
+                try:
+                    conversion(col, unit, f"{k} [{unit}]")
+                except UnitError as exc:
+                    raise SourceFormatError(path, 1, str(exc)) from None
             plan.append((i, col, fn, unit))
             builder.mapped[f"{k}{' [' + unit + ']' if unit else ''}"] = col
         elif k not in ID_FIELDS and k != "timestamp" and k not in INFO_FIELDS:
@@ -195,6 +232,7 @@ class _Rows:
     """The data rows of one log: times, device identifiers, column values, static info per device."""
 
     t: list[int] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     cols: dict[str, list[float | None]] = field(default_factory=dict)
     infos: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -213,6 +251,7 @@ def _read_rows(path: Path, reader: Iterator[list[str]], keys: list[str], plan: _
                 continue  # a repeated header (nvidia-smi restarted into the same file)
             raise SourceFormatError(path, lineno, f"expected {ncol} comma-separated values like the header, "
                                                   f"found {len(row)}")
+        rows.lines.append(lineno)
         try:
             rows.t.append(clock(row[ts_i]))
         except ValueError:
@@ -223,7 +262,9 @@ def _read_rows(path: Path, reader: Iterator[list[str]], keys: list[str], plan: _
                 rows.cols[col].append(None)
                 continue
             try:
-                rows.cols[col].append(fn(cell, unit))
+                rows.cols[col].append(_cell_value(fn, col, cell, unit, keys[i]))
+            except UnitError as exc:
+                raise SourceFormatError(path, lineno, str(exc)) from None
             except (ValueError, IndexError):
                 raise SourceFormatError(path, lineno, f"{keys[i]} value {cell!r} is not a number") from None
         if id_i is not None:
