@@ -156,10 +156,10 @@ def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: 
     devices = [f"gpu{i}" for i in dev_idx]
     fields: dict[str, Any] = {}
     where = np.array([f"{path.name}:{n}" for n in rows.lines])
-    names = _row_device_names(id_key, dev_idx, rows)
+    dev_names = _row_device_names(id_key, dev_idx, rows)
     for col, values in rows.cols.items():
         arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        fields[col] = _screened(builder, col, arr, where, names)
+        fields[col] = _screened(builder, col, arr, where, dev_names)
     builder.add_telemetry(telemetry_table(t_arr, host, devices, fields))
     _add_devices(builder, host, id_key, dev_idx, rows)
 

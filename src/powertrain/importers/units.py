@@ -30,7 +30,7 @@ UNITS: dict[str, dict[str, tuple[float, float]]] = {
               "gb": (1e9, 0.0), "tb": (1e12, 0.0)},
 }
 # Units that differ only by case from another unit of the same dimension: compared case-sensitively.
-_CASE_SENSITIVE = {"power": {"MW": None, "mW": (1e-3, 0.0)}, "energy": {"MJ": (1e6, 0.0), "mJ": (1e-3, 0.0)}}
+_CASE_SENSITIVE: dict[str, dict[str, tuple[float, float] | None]] = {"power": {"MW": None, "mW": (1e-3, 0.0)}, "energy": {"MJ": (1e6, 0.0), "mJ": (1e-3, 0.0)}}
 DEFAULT_UNIT = {"power": "W", "energy": "J", "temperature": "C", "clock": "MHz", "percent": "%", "bytes": "B"}
 
 
