@@ -120,7 +120,10 @@ def test_full_1node_quirk_file_keeps_all_818_readings():
     src = real("llama2-70b-lora_1node_8gpu")
     with pytest.warns(ImportWarning_):
         b = import_mlperf([src])
-    assert b.telemetry().num_rows == 818
+    # 818 readings in the log, one of them an exact repeat (same time, same value): dropped and counted
+    assert b.telemetry().num_rows == 817
+    assert b.info["data_quality"]["devices"][0]["readings_in_log"] == 818
+    assert b.info["data_quality"]["readings"]["duplicate_readings_dropped"] == 1
 
 
 def test_malformed_line_names_file_and_line_and_writes_nothing(tmp_path):
