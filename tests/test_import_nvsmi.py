@@ -260,3 +260,35 @@ def test_an_unknown_unit_is_an_error_naming_the_column(tmp_path, header, cell, l
     f.write_text(f"timestamp, index, {header}\n2024/05/01 10:00:00.000, 0, {cell}\n")
     with pytest.raises(SourceFormatError, match=rf"bad.csv:{line}: column '{header.split(' [')[0]}.*unknown unit"):
         import_nvsmi([f], tz="UTC")
+
+
+def test_powertraces_units_in_column_names_and_hostile_values(tmp_path):
+    from powertrain.importers.powertraces import import_powertraces
+
+    f = tmp_path / "pt.csv"
+    f.write_text("timestamp,gpu_id,power_kw,temperature [K],memory_used_gib,sm_clock_mhz,stage\n"
+                 "2024-05-01T10:00:00Z,0,0.25,313.15,1,1410,train\n"
+                 "2024-05-01T10:00:01Z,0,-0.5,100,2,1410,train\n"  # -500 W, -173 degC
+                 "2024-05-01T10:00:02Z,0,300 W,320,1,inf,train\n")
+    with pytest.warns(UserWarning) as rec:
+        out = import_powertraces([f], tz="UTC").write(tmp_path / "run")
+    assert len([w for w in rec if "implausible" in str(w.message)]) == 3  # power, temp, clock
+    tel = read_telemetry(out).sort_by("t_ns")
+    assert tel.column("power_w").to_pylist() == [pytest.approx(250.0), None, pytest.approx(300.0)]
+    assert tel.column("temp_c").to_pylist() == [pytest.approx(40.0), None, pytest.approx(46.85)]
+    assert tel.column("mem_used_bytes").to_pylist() == [1 << 30, 2 << 30, 1 << 30]
+    dq = json.loads((out / "run.json").read_text())["data_quality"]["implausible"]
+    assert dq["power_w"]["first"] == "pt.csv:3" and dq["clock_sm_mhz"]["kinds"] == {"non_finite": 1}
+    g = tmp_path / "bad.csv"
+    g.write_text("timestamp,gpu_id,power [hp]\n2024-05-01T10:00:00Z,0,1\n")
+    with pytest.raises(SourceFormatError, match=r"bad.csv:1: column 'power \[hp\]'.*unknown unit"):
+        import_powertraces([g], tz="UTC")
+
+
+def test_real_powertraces_import_clean():
+    from powertrain.importers.powertraces import import_powertraces
+
+    for f in sorted(real("powertraces-4gpu-lora-nvsmi").glob("*.csv")):
+        b = import_powertraces([f])
+        assert "data_quality" not in b.info, f.name  # nothing implausible in a real export
+        assert b.telemetry().num_rows > 6000

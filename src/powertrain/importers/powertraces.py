@@ -5,6 +5,14 @@ zone is read in ``tz``), ``gpu_id``, ``power_w``, ``sm_clock_mhz``, ``gpu_util_p
 ``memory_util_pct``, ``memory_used_mb`` (MiB), ``temperature_c``; ``run_id``, ``time_relative_s``,
 ``memory_total_mb`` and ``stage`` are recorded or dropped as listed in ``run.json``. Empty cells are
 null.
+
+Units: the column names' own units are honoured, in any of three spellings — a suffix
+(``power_mw``, ``power_kw``, ``sm_clock_ghz``, ``memory_used_gib``), brackets or parentheses
+(``power [kW]``, ``temperature (K)``); a cell may carry its own unit (``250 W``), which wins.
+``memory_used_mb`` is MiB (the exporter copies nvidia-smi's MiB). An unknown unit on a known
+quantity (``power [hp]``) is an error naming the column. Implausible readings (negative or
+> 3000 W power — these exports do not name the GPU model —, temperatures outside −40..150 °C, …)
+are kept out and counted (:mod:`powertrain.importers.sanity`).
 """
 
 from __future__ import annotations
@@ -17,13 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from powertrain.importers.common import (
+    NULL_WORDS,
     RunBuilder,
     SourceFormatError,
     open_text,
-    parse_float,
     resolve_zone,
     telemetry_table,
 )
+from powertrain.importers.sanity import screen
+from powertrain.importers.units import UNITS, UnitError, conversion, dimension, split_header_unit, split_value
 
 COLUMNS: dict[str, tuple[str, float]] = {  # source column → (telemetry column, scale)
     "power_w": ("power_w", 1.0),
@@ -35,6 +45,12 @@ COLUMNS: dict[str, tuple[str, float]] = {  # source column → (telemetry column
     "temperature_c": ("temp_c", 1.0),
     "power_limit_w": ("power_limit_w", 1.0),
 }
+# quantity name (without its unit) → telemetry column; the unit comes from the header (see module doc)
+BASES: dict[str, str] = {
+    "power": "power_w", "power_draw": "power_w", "sm_clock": "clock_sm_mhz", "mem_clock": "clock_mem_mhz",
+    "gpu_util": "util_pct", "memory_util": "util_mem_pct", "memory_used": "mem_used_bytes",
+    "temperature": "temp_c", "power_limit": "power_limit_w", "energy": "energy_j",
+}
 REQUIRED = ("timestamp", "gpu_id")
 
 
@@ -44,6 +60,29 @@ def _iso_ns(s: str, tz: dt.tzinfo) -> int:
         d = d.replace(tzinfo=tz)
     # integer arithmetic keeps microseconds exact
     return (int(d.replace(microsecond=0).timestamp()) * 1_000_000 + d.microsecond) * 1000
+
+
+def column_of(path: Path, header: str) -> tuple[str, float, float, str] | None:
+    """``(telemetry column, scale, offset, unit)`` of a header cell, ``None`` when it is not a reading."""
+    if header in COLUMNS:
+        col, scale = COLUMNS[header]
+        return col, scale, 0.0, "MiB" if header == "memory_used_mb" else ""
+    name, unit = split_header_unit(header)
+    key = name.lower().replace(" ", "_").replace(".", "_")
+    if unit and key in BASES:
+        col = BASES[key]
+    else:
+        base, _, suffix = key.rpartition("_")
+        col = BASES.get(base, "")
+        dim = dimension(col) if col else None
+        if dim is None or suffix not in UNITS[dim]:
+            return None  # not a reading this importer knows (listed as dropped)
+        unit = suffix
+    try:
+        scale, offset = conversion(col, unit, header)
+    except UnitError as exc:
+        raise SourceFormatError(path, 1, str(exc)) from None
+    return col, scale, offset, unit
 
 
 def read_powertraces(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo) -> None:
@@ -58,15 +97,20 @@ def read_powertraces(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo) 
             raise SourceFormatError(path, 1, f"missing column(s) {', '.join(missing)} (expected a long-format "
                                              "export with timestamp,gpu_id,power_w,...)")
         ti, gi = header.index("timestamp"), header.index("gpu_id")
-        plan = [(header.index(c), col, scale) for c, (col, scale) in COLUMNS.items() if c in header]
-        for c in header:
-            if c not in COLUMNS and c not in REQUIRED:
+        plan: list[tuple[int, str, float, float, str]] = []
+        for i, c in enumerate(header):
+            found = column_of(path, c) if c not in REQUIRED else None
+            if found is not None and any(col == found[0] for _, col, *_ in plan):
+                builder.drop(f"{c}: another column already fills {found[0]}")
+            elif found is not None:
+                plan.append((i, *found))
+                builder.mapped[c] = found[0]
+            elif c not in REQUIRED:
                 builder.drop(f"{c}: {'run label, kept in run.json' if c == 'run_id' else 'no telemetry column for it'}")
-        for i, col, _ in plan:
-            builder.mapped[header[i]] = col
         t: list[int] = []
         dev: list[str] = []
-        vals: dict[str, list[float]] = {col: [] for _, col, _ in plan}
+        lines: list[int] = []
+        vals: dict[str, list[float]] = {col: [] for _, col, *_ in plan}
         run_ids: set[str] = set()
         ri = header.index("run_id") if "run_id" in header else None
         for lineno, row in enumerate(reader, 2):
@@ -82,22 +126,36 @@ def read_powertraces(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo) 
             if not g.isdigit():
                 raise SourceFormatError(path, lineno, f"gpu_id {g!r} is not a GPU index")
             dev.append(f"gpu{g}")
-            for i, col, scale in plan:
-                try:
-                    v = parse_float(row[i])
-                except ValueError:
-                    raise SourceFormatError(path, lineno, f"{header[i]} value {row[i]!r} is not a number") from None
-                vals[col].append(np.nan if v is None else v * scale)
+            lines.append(lineno)
+            for i, col, scale, offset, _unit in plan:
+                vals[col].append(_cell(path, lineno, header[i], row[i], col, scale, offset))
             if ri is not None:
                 run_ids.add(row[ri])
     if not t:
         raise SourceFormatError(path, None, "no data rows after the header")
-    fields = {col: np.asarray(v, dtype=np.float64) for col, v in vals.items()}
+    where = np.array([f"{path.name}:{n}" for n in lines])
+    fields = {col: screen(builder, col, np.asarray(v, dtype=np.float64), where=where) for col, v in vals.items()}
     builder.add_telemetry(telemetry_table(t, host, dev, fields))
     for d in sorted(set(dev), key=lambda s: int(s[3:])):
         builder.add_device(host, d, kind="gpu", vendor=None, index=int(d[3:]))
     if run_ids:
         builder.info.setdefault("source_run_ids", []).extend(sorted(run_ids))
+
+
+def _cell(path: Path, lineno: int, name: str, cell: str, col: str, scale: float, offset: float) -> float:
+    """One value in the column's unit; empty / N/A cells are NaN (null); a unit in the cell wins."""
+    text = cell.strip()
+    if not text or text.strip("[]").lower() in NULL_WORDS:
+        return np.nan
+    try:
+        x, unit = split_value(text)
+        if unit:
+            scale, offset = conversion(col, unit, name)
+    except UnitError as exc:
+        raise SourceFormatError(path, lineno, str(exc)) from None
+    except ValueError:
+        raise SourceFormatError(path, lineno, f"{name} value {cell!r} is not a number") from None
+    return x * scale + offset
 
 
 def import_powertraces(paths: Sequence[str | Path], tz: str | None = None, name: str | None = None) -> RunBuilder:
