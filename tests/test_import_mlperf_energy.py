@@ -89,6 +89,9 @@ def test_run_energy_matches_an_independent_trapezoid_and_the_summary(imported, n
     assert summ["window"]["t0_ns"] == info["window"]["t0_ns"] and summ["window"]["t1_ns"] == info["window"]["t1_ns"]
     assert _printed_j(output) == round(summ["metrics"]["energy_j"])  # what the import prints is summary.json's
     assert summ["metrics"]["energy_j"] == pytest.approx(ours, abs=0.5)
+    if name == "llama2-70b-lora_1node_8gpu":  # its one exact repeat is counted where a reader looks
+        assert info["data_quality"]["readings"]["duplicate_readings_dropped"] == 1
+        assert '"duplicate_readings_dropped": 1' in json.dumps(summ["data_quality"])
 
 
 def test_8node_lora_edges_are_held_not_counted_as_zero(imported):
