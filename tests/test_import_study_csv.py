@@ -81,3 +81,27 @@ def test_summary_of_telemetry_only_import_shows_power_and_says_why_no_step_time(
     assert s["metrics"]["power_mean_w"] is not None and s["metrics"]["energy_integral_j"] is not None
     assert s["metrics"]["step_time_mean_s"] is None and s["why_null"]["step_time_mean_s"]
     assert "measured_window" not in json.loads((out / "run.json").read_text())
+
+
+def test_units_in_metric_names_and_implausible_readings(tmp_path):
+    import json
+
+    import pytest
+
+    from powertrain.importers import import_sources
+    from powertrain.store import read_telemetry
+
+    (tmp_path / "power_kw_0.csv").write_text("1714557600,0.3\n1714557601,-0.1\n1714557602,1e308\n1714557603,0.31\n")
+    (tmp_path / "energy_0.csv").write_text("1714557600,100\n1714557601,400\n1714557602,350\n1714557603,1000\n")
+    (tmp_path / "temp_0.csv").write_text("1714557600,40\n1714557601,-1\n1714557602,200\n1714557603,41\n")
+    with pytest.warns(UserWarning) as rec:
+        out = import_sources("study_csv", [tmp_path], tmp_path / "run")
+    assert len([w for w in rec if "implausible" in str(w.message)]) == 3
+    tel = read_telemetry(out).sort_by("t_ns")
+    assert tel.column("power_w").to_pylist() == [pytest.approx(300.0), None, None, pytest.approx(310.0)]
+    assert tel.column("energy_j").to_pylist() == [100.0, 400.0, None, 1000.0]  # backwards: kept out
+    assert tel.column("temp_c").to_pylist() == [40.0, None, None, 41.0]  # -1 is the study's null, 200 implausible
+    dq = json.loads((out / "run.json").read_text())["data_quality"]["implausible"]
+    assert dq["power_w"]["kinds"] == {"negative": 1, "too_high": 1} and dq["power_w"]["first"] == "power_kw_0.csv:2"
+    assert dq["energy_j"]["kinds"] == {"backwards": 1} and dq["energy_j"]["first"] == "energy_0.csv:3"
+    assert dq["temp_c"]["count"] == 1

@@ -104,12 +104,13 @@ def screen(
     where: list[str] | np.ndarray | None,
     limits: tuple[float, float] | None = None,
     device_name: str | None = None,
+    limits_source: str | None = None,
 ) -> np.ndarray:
     """A float copy of ``values`` with implausible entries NaN, counted in ``b.info["data_quality"]``.
 
     ``where`` labels each entry (``"file:line"``, same length as ``values``) so the first of each
     kind can be named; ``limits`` overrides :func:`default_limits` (``device_name`` picks the TDP for
-    power). NaN entries already in ``values`` are nulls the source wrote (``N/A``) and are not
+    power; ``limits_source`` says where given ``limits`` come from). NaN entries already in ``values`` are nulls the source wrote (``N/A``) and are not
     counted; +-inf are."""
     out = np.array(values, dtype=np.float64, copy=True).ravel()
     if where is not None and len(where) != out.size:
@@ -117,7 +118,7 @@ def screen(
     if limits is None:
         limits, why = default_limits(field, device_name)
     else:
-        why = "given by the importer"
+        why = limits_source or "given by the importer"
     lo, hi = float(limits[0]), float(limits[1])
     nan = np.isnan(out)
     inf = np.isinf(out)

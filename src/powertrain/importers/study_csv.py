@@ -8,6 +8,12 @@ timestamp, with null where a metric has no reading at that instant.
 Byte counters (NVLink / PCIe) were read from 32-bit registers and wrap at 2**32; they are un-wrapped
 with :func:`powertrain.core.counters.unwrap` into 64-bit cumulative totals. Metric names are
 matched against :data:`METRICS` (aliases included); files with other names are listed as dropped.
+A metric name may carry its unit as a suffix (``power_mw``, ``power_kw``, ``energy_kj``,
+``mem_used_mib``, ``sm_clock_ghz``): it is honoured (:mod:`powertrain.importers.units`).
+
+Implausible readings (negative or > 3000 W power — the files do not name the GPU model —,
+temperatures outside −40..150 °C, an energy counter that goes backwards, non-finite values) are
+kept out (null) and counted per field with the first ``file:line`` (:mod:`powertrain.importers.sanity`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import numpy as np
 from powertrain.core.counters import unwrap
 from powertrain.importers.common import RunBuilder, SourceFormatError, open_text, telemetry_table
 from powertrain.importers.nvsmi import nvml_reasons_to_throttle
+from powertrain.importers.sanity import default_limits, screen, screen_counter
+from powertrain.importers.units import UNITS, conversion, dimension
 
 WRAP_32 = 2**32
 
@@ -56,13 +64,28 @@ METRICS: dict[str, tuple[str, float, int | None]] = {
     "pcie_tx": ("pcie_tx_bytes", 1.0, WRAP_32),
     "pcie_rx": ("pcie_rx_bytes", 1.0, WRAP_32),
 }
+
+
+def metric_spec(metric: str) -> tuple[str, float, int | None] | None:
+    """``(column, scale, modulus)`` of a metric file name: a known name, or a known name plus a unit."""
+    if metric in METRICS:
+        return METRICS[metric]
+    base, _, unit = metric.rpartition("_")
+    spec = METRICS.get(base)
+    dim = dimension(spec[0]) if spec else None
+    if spec is None or dim is None or unit not in UNITS[dim]:
+        return None
+    return spec[0], conversion(spec[0], unit)[0], spec[2]
+
+
 _NAME_RE = re.compile(r"^(?P<metric>.+)_(?P<rank>\d+)\.csv(\.gz)?$")
 
 
-def read_metric_file(path: Path) -> tuple[np.ndarray, list[float | None]]:
-    """``(t_ns, values)`` of one ``<metric>_<rank>.csv``; ``-1`` becomes ``None``."""
+def read_metric_file(path: Path) -> tuple[np.ndarray, list[float | None], list[int]]:
+    """``(t_ns, values, line numbers)`` of one ``<metric>_<rank>.csv``; ``-1`` becomes ``None``."""
     t: list[int] = []
     v: list[float | None] = []
+    lines: list[int] = []
     with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -83,9 +106,10 @@ def read_metric_file(path: Path) -> tuple[np.ndarray, list[float | None]]:
                 raise SourceFormatError(path, lineno, f"time {parts[0]} is not epoch seconds (before 1973)")
             t.append(round(sec * 1e9))
             v.append(None if val == -1 else val)
+            lines.append(lineno)
     if not t:
         raise SourceFormatError(path, None, "the file is empty")
-    return np.asarray(t, dtype=np.int64), v
+    return np.asarray(t, dtype=np.int64), v, lines
 
 
 def import_study_csv(paths: Sequence[str | Path], gpus_per_node: int = 8, name: str | None = None) -> RunBuilder:
@@ -96,35 +120,47 @@ def import_study_csv(paths: Sequence[str | Path], gpus_per_node: int = 8, name: 
         files += sorted(x for x in p.iterdir() if _NAME_RE.match(x.name)) if p.is_dir() else [p]
     if not files:
         raise SourceFormatError(paths[0], None, "no <metric>_<rank>.csv files found")
-    # rank → column → (t_ns, values, metric)
-    by_rank: dict[int, dict[str, tuple[np.ndarray, list[float | None], str]]] = {}
+    # rank → column → (t_ns, values, line numbers, file name, (scale, modulus))
+    by_rank: dict[int, dict[str, tuple[np.ndarray, list[float | None], list[int], str, str, float, int | None]]] = {}
     for f in files:
         m = _NAME_RE.match(f.name)
         if not m:
             raise SourceFormatError(f, None, "file name is not <metric>_<rank>.csv")
         metric, rank = m.group("metric").lower(), int(m.group("rank"))
-        if metric not in METRICS:
+        spec = metric_spec(metric)
+        if spec is None:
             b.drop(f"{f.name}: metric {metric!r} has no telemetry column (known: {', '.join(sorted(METRICS))})")
             continue
         b.add_source(f, role=f"{metric} rank {rank}")
-        col = METRICS[metric][0]
+        col, scale, modulus = spec
         if col in by_rank.setdefault(rank, {}):
             raise SourceFormatError(f, None, f"a second file for {col} of rank {rank}")
-        by_rank[rank][col] = (*read_metric_file(f), metric)
-        b.mapped[f"{metric}_<rank>.csv"] = col + (" (un-wrapped from 32 bits)" if METRICS[metric][2] else "")
+        by_rank[rank][col] = (*read_metric_file(f), f.name, metric, scale, modulus)
+        b.mapped[f"{metric}_<rank>.csv"] = col + (" (un-wrapped from 32 bits)" if modulus else "") + (
+            f" (x {scale:g})" if scale != 1.0 else "")
     wraps = 0
     for rank, cols in sorted(by_rank.items()):
         t_all = np.unique(np.concatenate([c[0] for c in cols.values()]))
         fields: dict[str, np.ndarray] = {}
-        for col, (t, vals, metric) in cols.items():
-            _, scale, modulus = METRICS[metric]
-            if modulus:
-                before = [x for x in vals if x is not None]
-                wraps += int(np.sum(np.diff(before) < 0)) if len(before) > 1 else 0
-                vals = unwrap(vals, modulus)
+        for col, (t, vals, lines, fname, metric, scale, modulus) in cols.items():
+            where = [f"{fname}:{n}" for n in lines]
             if metric == "throttle":
-                vals = [None if x is None else float(nvml_reasons_to_throttle(int(x))) for x in vals]
-            arr = np.array([np.nan if x is None else x * scale for x in vals], dtype=np.float64)
+                arr = np.array([np.nan if x is None else float(nvml_reasons_to_throttle(int(x))) for x in vals])
+            else:
+                raw = np.array([np.nan if x is None else x for x in vals], dtype=np.float64)
+                if modulus:
+                    raw = screen(b, col, raw, where=where)
+                    good = raw[~np.isnan(raw)]
+                    wraps += int(np.sum(np.diff(good) < 0)) if good.size > 1 else 0
+                    raw = np.array([np.nan if x is None else x for x in unwrap(
+                        [None if np.isnan(x) else float(x) for x in raw], modulus)], dtype=np.float64)
+                elif col in ("energy_j", "energy_dram_j"):
+                    raw = screen_counter(b, col, raw, where=where)
+                else:  # screened in the file's unit against the column's limits (1e308 kW stays "too high")
+                    (lo, hi), why = default_limits(col)
+                    raw = screen(b, col, raw, where=where, limits=(lo / scale, hi / scale),
+                                 limits_source=why if scale == 1.0 else f"{why}, in the file's unit (x {scale:g})")
+                arr = raw * scale
             full = np.full(t_all.size, np.nan)
             full[np.searchsorted(t_all, t)] = arr
             fields[col] = full
