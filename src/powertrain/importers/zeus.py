@@ -130,6 +130,7 @@ def read_windows(path: Path, b: RunBuilder, anchor_ns: int | None = None,
 def read_power(path: Path, b: RunBuilder, tz: dt.tzinfo) -> None:
     t: list[int] = []
     w: list[float] = []
+    lines: list[int] = []
     with open_text(path) as f:
         reader = csv.reader(f)
         next(reader)
@@ -144,11 +145,13 @@ def read_power(path: Path, b: RunBuilder, tz: dt.tzinfo) -> None:
                 sec = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=tz).timestamp()
                 t.append(int(sec) * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0))
                 w.append(float(row[1]) / 1000.0)
+                lines.append(lineno)
             except ValueError:
                 raise SourceFormatError(path, lineno, f"expected 'YYYY-MM-DD HH:MM:SS.fff,<mW>', found {row!r}") from None
     if not t:
         raise SourceFormatError(path, None, "no samples after the header")
-    b.add_telemetry(telemetry_table(t, "node0", "gpu0", {"power_w": np.asarray(w)}))
+    where = [f"{path.name}:{n}" for n in lines]
+    b.add_telemetry(telemetry_table(t, "node0", "gpu0", {"power_w": screen(b, "power_w", np.asarray(w), where=where)}))
     b.add_device("node0", "gpu0", kind="gpu", vendor="nvidia")
     b.mapped["Power (mW)"] = "telemetry.power_w (÷1000) of node0/gpu0"
 
