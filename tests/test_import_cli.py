@@ -143,3 +143,40 @@ def test_help_says_how_to_pick_the_anchor():
     assert res.exit_code == 0
     text = " ".join(res.output.split())
     assert "--anchor" in text and "GPU power first rises" in text and "--warmup-steps" in text
+
+
+def test_window_option_is_the_runs_window(tmp_path):
+    import datetime as dt
+
+    smi = _smi(tmp_path / "gpu.csv", seconds=30)  # 2 GPUs at 500 W, 10:00:00.0 → 10:00:29.9 UTC
+    t0 = dt.datetime(2024, 5, 1, 10, 0, 10, tzinfo=dt.UTC).timestamp()
+    res = runner.invoke(app, ["import", "nvsmi", str(smi), "--tz", "UTC", "--out", str(tmp_path / "run"),
+                              "--window", f"2024-05-01T10:00:10,{t0 + 10:.0f}"])
+    assert res.exit_code == 0, res.output
+    w = json.loads((tmp_path / "run" / "run.json").read_text())["window"]
+    assert w == {"t0_ns": round(t0 * 1e9), "t1_ns": round((t0 + 10) * 1e9), "source": "user --window"}
+    from powertrain.analyze.summary import summarize_run
+
+    m = summarize_run(tmp_path / "run", probe_cpu_peak=False)["metrics"]
+    assert m["energy_j"] == pytest.approx(2 * 500.0 * 10.0, rel=1e-9)  # 10 s of the 30, both GPUs
+
+
+@pytest.mark.parametrize(("value", "msg"), [("2024-05-01T10:00:10", "START,END"), ("5,4", "before 2001"),
+                                            ("1714557620,1714557610", "ends before it starts"),
+                                            ("yesterday,today", "--window 'yesterday'")])
+def test_bad_window_is_one_red_line(tmp_path, value, msg):
+    smi = _smi(tmp_path / "gpu.csv", seconds=2)
+    res = runner.invoke(app, ["import", "nvsmi", str(smi), "--tz", "UTC", "--out", str(tmp_path / "run"),
+                              "--window", value])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_window_replaces_a_declared_one_and_keeps_it(tmp_path):
+    from powertrain.importers.registry import build, parse_window
+
+    f = tmp_path / "w.csv"
+    f.write_text("start_time,window_name,elapsed_time,gpu0_energy\n1714557600.0,a,2.0,300.0\n1714557602.0,b,2.0,310.0\n")
+    b = build("zeus", [f], window_ns=parse_window("1714557601,1714557603"))
+    assert b.info["window"]["source"] == "user --window"
+    assert b.info["window_from_source"]["source"] == "Zeus: first window start → last window end"

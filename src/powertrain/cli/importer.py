@@ -59,6 +59,11 @@ def import_cmd(
         help="mlperf: a benchmark folder as MLCommons publishes it (result_N.txt beside power/result_N/) is "
         "imported whole, one run directory per result under --out (named result_N); --result N imports only "
         "result_N into --out."),
+    window: str | None = typer.Option(
+        None, "--window", metavar="START,END",
+        help="The run's measurement window, when you know it better than the sources do: two times, each "
+        "ISO-8601 (without a zone read in --tz) or epoch seconds. Written to run.json as the run's window "
+        "(source \"user --window\"); energy, power and time are reported over it."),
 ) -> None:
     """Import GPU logs, MLPerf power logs, Zeus/Perseus outputs, training logs or profiler traces.
 
@@ -83,6 +88,8 @@ def import_cmd(
     options: dict[str, Any] = dict(anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
                                    gpus_per_node=gpus_per_node, seq_len=seq_len, detect_events=detect, name=name,
                                    hta=hta or None, warmup_steps=warmup_steps)
+    if window is not None:  # --window
+        options["window_ns"] = _window_ns(window, tz)
     runs = _mlperf_runs(kind, sources, result)
     if runs is None:
         builder, run_dir = _import(kind, sources, out, **options)
@@ -132,6 +139,16 @@ def _anchor_ns(anchor: str | None, tz: str | None) -> int | None:
 
     try:
         return parse_anchor(anchor, tz) if anchor is not None else None
+    except ValueError as exc:
+        raise _fail(exc) from None
+
+
+def _window_ns(window: str, tz: str | None) -> tuple[int, int]:
+    """``--window START,END`` → epoch ns (a bad value is one red line, exit 2)."""
+    from powertrain.importers.registry import parse_window
+
+    try:
+        return parse_window(window, tz)
     except ValueError as exc:
         raise _fail(exc) from None
 

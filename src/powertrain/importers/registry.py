@@ -3,6 +3,10 @@
 :func:`build` groups the sources by kind (detected per source for ``auto``), runs each kind's importer
 with the options it reads, joins the results (:func:`merge`), runs the power-timeline detector where
 only telemetry came along, and checks an ``--anchor`` against the telemetry. See :mod:`powertrain.importers`.
+
+A user's window (``--window START,END``, :func:`parse_window`; ``window_ns=(t0, t1)`` in Python) is
+written to ``run.json["window"]`` with source ``"user --window"`` and replaces the window a format
+declares (that one is kept as ``run.json["window_from_source"]``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, iso
+from powertrain.importers.common import RunBuilder, SourceFormatError, events_table, iso, parse_anchor
 from powertrain.importers.detect import detect_kind
 
 KINDS = ("nvsmi", "mlperf", "zeus", "powertraces", "study_csv", "framework_log", "kineto")
@@ -76,8 +80,35 @@ def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[
     return groups
 
 
+USER_WINDOW_SOURCE = "user --window"
+
+
+def parse_window(text: str, tz: str | None = None) -> tuple[int, int]:
+    """``--window START,END`` → ``(t0_ns, t1_ns)``; each time ISO-8601 or epoch seconds (like ``--anchor``;
+    an ISO time without a zone is read in ``tz``)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise ValueError(f"--window {text!r}: give START,END (ISO-8601 or epoch seconds, e.g. "
+                         "2024-05-01T10:00:00,2024-05-01T11:00:00 or 1714557600,1714561200)")
+    try:
+        t0, t1 = (parse_anchor(p, tz) for p in parts)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--anchor", "--window")) from None
+    if t1 <= t0:
+        raise ValueError(f"--window {text!r} ends before it starts")
+    return t0, t1
+
+
+def set_user_window(b: RunBuilder, window_ns: tuple[int, int]) -> None:
+    """Record a user's window in ``run.json["window"]``; a window the format declared is kept beside it."""
+    declared = b.info.get("window")
+    if declared is not None and declared.get("source") != USER_WINDOW_SOURCE:
+        b.info["window_from_source"] = declared
+    b.set_window(int(window_ns[0]), int(window_ns[1]), USER_WINDOW_SOURCE)
+
+
 def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events: bool = True,
-          name: str | None = None, **options: Any) -> RunBuilder:
+          name: str | None = None, window_ns: tuple[int, int] | None = None, **options: Any) -> RunBuilder:
     """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
     groups = group_sources(kind, sources)
     for opt, flag in _REFUSED_UNLESS_READ.items():
@@ -93,6 +124,8 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
         add_detected_events(b)
     if options.get("anchor_ns") is not None:
         check_anchor(b)
+    if window_ns is not None:
+        set_user_window(b, window_ns)
     return b
 
 
