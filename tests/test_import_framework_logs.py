@@ -185,3 +185,17 @@ def test_broken_megatron_line_is_named(tmp_path):
     with pytest.raises(SourceFormatError, match=r"m\.log:2: Megatron iteration line"):
         import_sources("framework_log", [f], tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_runs_window_is_the_measured_steps_or_mlperfs_own(tmp_path):
+    out = import_sources("framework_log", [ENGINE / "nemo1.log"], tmp_path / "run",
+                         anchor_ns=_utc_ns(2025, 1, 1, 0, 0, 0), warmup_steps=1)
+    ev = read_events(out)
+    w = json.loads((out / "run.json").read_text())["window"]
+    assert w["t0_ns"] == ev.column("t_start_ns")[1].as_py() and w["t1_ns"] == ev.column("t_end_ns")[4].as_py()
+    assert w["source"] == "framework log: first measured step start → last measured step end"
+    log = next((Path(__file__).parent / "fixtures" / "mlperf" / "llama2-70b-lora_1node_8gpu_excerpt").glob("result_*"))
+    b = import_framework_log([log])
+    ml = b.info["mlperf"]
+    assert b.info["window"] == {"t0_ns": ml["run_start_ms"] * 1_000_000, "t1_ns": ml["run_stop_ms"] * 1_000_000,
+                                "source": "MLPerf run_start → run_stop"}

@@ -149,3 +149,12 @@ def test_warmup_steps_on_a_synthetic_trace(tmp_path):
     assert dict(zip(steps.column("step").to_pylist(), steps.column("window").to_pylist(), strict=True)) == {
         5: "warmup", 6: "measured"}
     assert b.info["job_device_count"] == 4
+
+
+def test_the_runs_window_is_the_measured_profiler_steps(tmp_path):
+    f, _ = _trace(tmp_path)
+    b = import_kineto([f], warmup_steps=1)
+    steps = b.events().filter(pc.equal(b.events().column("kind"), "step"))
+    six = steps.filter(pc.equal(steps.column("step"), 6))
+    assert b.info["window"] == {"t0_ns": six.column("t_start_ns")[0].as_py(), "t1_ns": six.column("t_end_ns")[0].as_py(),
+                                "source": "Kineto: first measured ProfilerStep start → last ProfilerStep end (all ranks)"}

@@ -327,5 +327,20 @@ def import_framework_log(
         set_job_devices(b, None, f"{'/'.join(sorted(set(engines)))} log states no world size: per-device "
                                  "throughput unknown")
     b.info["engines"] = engines
+    _set_run_window(b, events, declared)
     b.add_events(events_table(events))
     return b
+
+
+def _set_run_window(b: RunBuilder, events: list[dict[str, Any]], declared: str | None) -> None:
+    """``run.json["window"]``: MLPerf's run_start → run_stop when a result log declares it, else the
+    measured steps' extent (first measured step start → last measured step end)."""
+    ml = b.info.get("mlperf") or {}
+    if declared and ml.get("run_start_ms") is not None and ml.get("run_stop_ms") is not None \
+            and ml["run_stop_ms"] > ml["run_start_ms"]:
+        b.set_window(int(ml["run_start_ms"]) * 1_000_000, int(ml["run_stop_ms"]) * 1_000_000, declared)
+        return
+    measured = [e for e in events if e.get("kind") == "step" and e.get("window") == "measured"]
+    if measured:
+        b.set_window(min(e["t_start_ns"] for e in measured), max(e["t_end_ns"] for e in measured),
+                     "framework log: first measured step start → last measured step end")

@@ -319,5 +319,9 @@ def import_kineto(paths: Sequence[str | Path], name: str | None = None, hta: boo
     else:
         set_job_devices(b, None, "no distributedInfo.world_size in the traces")
     mark_window(events, warmup_steps, b)
+    measured = [e for e in events if e["kind"] == "step" and e.get("window") == "measured"]
+    if measured:
+        b.set_window(min(e["t_start_ns"] for e in measured), max(e["t_end_ns"] for e in measured),
+                     "Kineto: first measured ProfilerStep start → last ProfilerStep end (all ranks)")
     b.add_events(events_table(events))
     return b
