@@ -170,3 +170,42 @@ def test_mlperf_import_reports_run_start_to_run_stop(tmp_path, src, kwh):
     assert s["metrics"]["energy_j"] == pytest.approx(ref, rel=1e-9)
     if kwh is not None:
         assert s["metrics"]["energy_j"] / 3.6e6 == pytest.approx(kwh, abs=5e-5)
+
+
+def test_summarize_compare_and_report_name_the_window(tmp_path):
+    from typer.testing import CliRunner
+
+    from powertrain.analyze.compare import compare_runs
+    from powertrain.cli import app
+
+    path = synthetic.write_run(tmp_path / "named", hosts=1, devices_per_host=1, steps=3)
+    run = RunDir(path)
+    info = run.read()
+    info["window"] = {"t0_ns": info["start_ns"] + 1_000_000_000, "t1_ns": info["start_ns"] + 3_500_000_000,
+                      "source": "test: declared start → stop"}
+    run.write(info)
+    res = CliRunner().invoke(app, ["summarize", str(path)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("window:"))
+    assert "test: declared start → stop" in line and "2.500 s" in line
+    cmp = compare_runs(path, path)
+    assert cmp["a"]["window_text"] == line and cmp["b"]["window"]["t0_ns"] == info["window"]["t0_ns"]
+    res = CliRunner().invoke(app, ["compare", str(path), str(path)])
+    assert res.exit_code == 0 and "test: declared start → stop" in res.output
+
+
+def test_prediction_names_its_window(tmp_path):
+    from powertrain.analyze.summary import window_text
+    from powertrain.predict.output import write_prediction
+    from powertrain.spec.run import RunConfig
+
+    cfg = RunConfig.model_validate({"name": "p", "model": "gpt3-tiny", "layout": {"dp": 8},
+                                    "hardware": {"nodes": 1, "devices_per_node": 8, "device": "h100"}})
+    rd = write_prediction(tmp_path / "pred", cfg)
+    s = json.loads(rd.summary_json.read_text())
+    w = s["window"]
+    assert w["t0_ns"] is None and w["measured_steps"] and "predicted" in w["source"]
+    m = s["metrics"]
+    assert m["energy_j"] == pytest.approx(m["energy_per_step_j"] * w["measured_steps"], rel=1e-12)
+    assert w["seconds"] == pytest.approx(m["step_time_mean_s"] * w["measured_steps"], rel=1e-12)
+    assert window_text(s).startswith("window: predicted")

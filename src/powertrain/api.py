@@ -138,7 +138,10 @@ def load(run_dir: str | os.PathLike[str]) -> Run:
 def summary(run_dir: str | os.PathLike[str], *, refresh: bool = False) -> dict[str, Any]:
     """The run's derived metrics (step time, throughput, energy, power, thermal, clocks, balance).
 
-    Read from ``summary.json``, computed and written first when missing, older than ``run.json``, or
+    Every energy, power and time figure is over the run's one window, named in ``summary["window"]``
+    (``{"t0_ns", "t1_ns", "source", "seconds"}``: an import's declared window such as MLPerf
+    run_start → run_stop, else the measured steps); ``import``, ``summarize``, ``report`` and
+    ``compare`` use the same one. Read from ``summary.json``, computed and written first when missing, older than ``run.json``, or
     when ``refresh``. Definitions: :mod:`powertrain.analyze` and ``docs/metrics.md``.
     """
     from powertrain.analyze import load_summary

@@ -10,7 +10,13 @@ Definitions are in the docstrings of :mod:`~powertrain.analyze.steps`,
 """
 
 from powertrain.analyze.metrics import METRIC_NAMES, METRICS, format_value
-from powertrain.analyze.summary import classify_status, load_summary, summarize_run, write_summary
+from powertrain.analyze.summary import (
+    classify_status,
+    load_summary,
+    summarize_run,
+    window_text,
+    write_summary,
+)
 from powertrain.analyze.sweep import is_sweep_dir, load_sweep, summarize_sweep
 
 __all__ = [
@@ -23,5 +29,6 @@ __all__ = [
     "load_sweep",
     "summarize_run",
     "summarize_sweep",
+    "window_text",
     "write_summary",
 ]

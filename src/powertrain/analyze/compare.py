@@ -1,5 +1,8 @@
 """Side-by-side comparison of two runs (measured or predicted) or two sweeps, with ratios.
 
+Each side of two runs names the window its figures are over (``window``, ``window_text``): energy,
+power and time of a run are over its own window (see ``docs/metrics.md``).
+
 ``ratio = B / A`` for every metric both sides have (``None`` when either is null or A is 0); the
 ``better`` column says which side is better for metrics with a direction (see
 :data:`powertrain.analyze.metrics.METRICS`). Sweeps are matched run by run on the run id, falling
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from powertrain.analyze.metrics import METRICS
-from powertrain.analyze.summary import load_summary
+from powertrain.analyze.summary import load_summary, window_text
 from powertrain.analyze.sweep import is_sweep_dir, load_sweep
 
 SWEEP_KEY_METRICS = ("step_time_mean_s", "tokens_per_s", "mfu", "power_mean_w", "power_peak_w", "temp_peak_c",
@@ -60,8 +63,10 @@ def compare_runs(a: str | Path, b: str | Path, keep_null: bool = False) -> dict[
     sa, sb = load_summary(a), load_summary(b)
     rows = compare_metrics(sa.get("metrics") or {}, sb.get("metrics") or {}, keep_null=keep_null)
     return {
-        "a": {"path": str(a), "run": sa.get("run"), "kind": sa.get("kind"), "status": sa.get("status")},
-        "b": {"path": str(b), "run": sb.get("run"), "kind": sb.get("kind"), "status": sb.get("status")},
+        "a": {"path": str(a), "run": sa.get("run"), "kind": sa.get("kind"), "status": sa.get("status"),
+              "window": sa.get("window"), "window_text": window_text(sa)},
+        "b": {"path": str(b), "run": sb.get("run"), "kind": sb.get("kind"), "status": sb.get("status"),
+              "window": sb.get("window"), "window_text": window_text(sb)},
         "rows": _no_verdict_across_kinds(rows, sa.get("kind"), sb.get("kind")),
     }
 

@@ -6,9 +6,10 @@ This table is the single source for the metric names shared by measured runs and
 
 Conventions that hold for every metric:
 
-* computed over the **measured window** (first measured step start → last measured step end, from
-  the ``step`` events with ``window == "measured"``); a run without step events uses its whole
-  telemetry span and says so in ``notes``;
+* computed over the run's **window** (``summary.json`` ``window``): the one ``run.json`` declares
+  (an import's run_start → run_stop, a user's ``--window``), else the measured steps' extent (first
+  measured step start → last measured step end), else the whole telemetry span (said in ``notes``);
+  energies come from :mod:`powertrain.core.energy` (edges held up to 5 s, null beyond, naming the device);
 * a metric with no data is ``None`` and ``why_null[name]`` says why — never 0;
 * "per device" values are averaged over devices unless the description says max.
 """
@@ -44,7 +45,7 @@ METRICS: list[Metric] = [
     _M("mfu", "", "model FLOP/s per device / peak FLOP/s per device", "higher"),
     _M("hfu", "", "hardware FLOP/s (model + recomputation) per device / peak", "higher"),
     # energy
-    _M("energy_j", "J", "energy of all devices over the window: counter where present, else integral", "lower"),
+    _M("energy_j", "J", "energy of all devices over the run's window: per device counter where present, else integral", "lower"),
     _M("energy_counter_j", "J", "energy from the hardware energy counters, all devices", "lower"),
     _M("energy_integral_j", "J", "energy from the trapezoid integral of power_w, all devices", "lower"),
     _M("energy_disagreement_pct", "%", "(integral − counter) / counter × 100, over devices with both"),
@@ -54,7 +55,7 @@ METRICS: list[Metric] = [
        "the study's metric: samples_per_s / (energy_j / 1e6); divides by time twice — prefer tokens_per_j",
        "higher"),
     # power
-    _M("power_mean_w", "W", "time-weighted mean power_w (integral / time), averaged over devices"),
+    _M("power_mean_w", "W", "per device energy over the window / its seconds, averaged over devices"),
     _M("power_peak_w", "W", "highest power_w sample of any device", "lower"),
     _M("power_p99_w", "W", "99th percentile of all power_w samples of all devices", "lower"),
     _M("power_peak_to_mean", "", "highest per-device (peak / mean power)", "lower"),
@@ -64,7 +65,7 @@ METRICS: list[Metric] = [
     _M("power_above_90pct_limit_share", "", "share of samples with power_w ≥ 0.9 × power_limit_w, all devices",
        "lower"),
     _M("power_swing_w", "W", "p99 − p1 of each device's power, averaged over devices", "lower"),
-    _M("cluster_power_mean_w", "W", "mean of the sum of all devices' power"),
+    _M("cluster_power_mean_w", "W", "all devices' energy over the window / its seconds"),
     _M("cluster_power_peak_w", "W", "peak of the sum of all devices' power (per sample period)", "lower"),
     # thermal
     _M("temp_mean_c", "°C", "mean temp_c, averaged over devices", "lower"),

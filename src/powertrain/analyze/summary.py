@@ -15,6 +15,7 @@ A run directory whose ``run.json`` has ``kind: "prediction"`` is not re-analysed
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 from pathlib import Path
@@ -41,7 +42,9 @@ from powertrain.analyze.families import (
 from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.store.rundir import RunDir, read_json, write_json_atomic
 
-SUMMARY_SCHEMA = "powertrain.summary/1"
+# /2: energy from core.energy over the run's window, summary["window"] = {t0_ns, t1_ns, source, seconds}; a
+# summary.json of an older schema is recomputed by load_summary.
+SUMMARY_SCHEMA = "powertrain.summary/2"
 
 OOM_PATTERN = re.compile(
     r"out of memory|outofmemoryerror|\boom\b|cannot allocate memory|memoryerror|oom-kill|killed by sigkill.*memory",
@@ -164,6 +167,24 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         if metrics[k] is None and k not in summary["why_null"]:
             summary["why_null"][k] = ctx.no_tel or "not measured in this run"
     return summary
+
+
+def window_text(summary: dict[str, Any]) -> str:
+    """The window a summary reports over, in one line (``summarize``, ``report`` and ``compare`` print it)."""
+    w = summary.get("window") or {}
+    if not w:
+        return "window: not stated (a summary written before windows were recorded: summarize --refresh)"
+    secs = w.get("seconds")
+    length = f"{secs:.3f} s" if isinstance(secs, (int, float)) else "length unknown"
+    t0, t1 = w.get("t0_ns"), w.get("t1_ns")
+    when = ""
+    if isinstance(t0, int) and isinstance(t1, int) and t0 > 0:
+        when = f", {_utc(t0)} → {_utc(t1)}"
+    return f"window: {w.get('source') or 'source not named'}, {length}{when}"
+
+
+def _utc(t_ns: int) -> str:
+    return _dt.datetime.fromtimestamp(t_ns / 1e9, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def write_summary(path: str | Path, summary: dict[str, Any] | None = None) -> Path:

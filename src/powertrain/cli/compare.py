@@ -32,7 +32,8 @@ def _ratio(r: float | None) -> str:
 
 def _side(meta: dict) -> str:
     tag = "PREDICTION" if meta.get("kind") == "prediction" else "measured"
-    return f"{meta.get('run')} ({tag}, {meta.get('status')})"
+    window = f"\n    {meta['window_text']}" if meta.get("window_text") else ""
+    return f"{meta.get('run')} ({tag}, {meta.get('status')}){window}"
 
 
 def _hidden_line(n: int, per_pair: bool = False) -> None:

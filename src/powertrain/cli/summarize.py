@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from powertrain.analyze import format_value, is_sweep_dir, load_summary, summarize_sweep
+from powertrain.analyze import format_value, is_sweep_dir, load_summary, summarize_sweep, window_text
 from powertrain.analyze.metrics import METRICS
 from powertrain.cli.root import app
 
@@ -56,6 +56,7 @@ def print_run_summary(summ: dict, console: Console = out, show_all: bool = False
     """The metrics that have a value (all of them, with why null, when ``show_all``)."""
     label = "PREDICTION" if summ.get("kind") == "prediction" else "measured"
     console.print(f"[bold]{summ.get('run')}[/] ({label}) status [bold]{summ.get('status')}[/]")
+    console.print(window_text(summ), markup=False, highlight=False)
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -56,7 +56,19 @@ class Prediction:
         """The ``summary.json`` body of a prediction (same shape as a measured run's)."""
         return {"kind": "prediction", "profile": self.calibration, "model_error": self.model_error,
                 "config": config, "metrics": self.metrics, "why_null": self.why_null,
-                "breakdown": self.breakdown}
+                "window": self.window, "breakdown": self.breakdown}
+
+    @property
+    def window(self) -> dict[str, Any]:
+        """The window the predicted time and energy are over: the configuration's measured steps (no
+        clock times: nothing ran). One formula: energy per step = mean device power × devices × step
+        time; ``energy_j`` = that × measured steps."""
+        steps = self._raw[0].measured_steps if self._raw else None
+        t = self.metrics.get("step_time_mean_s")
+        seconds = t * steps if t is not None and steps else None
+        return {"t0_ns": None, "t1_ns": None, "seconds": seconds, "measured_steps": steps,
+                "source": f"predicted: {steps} measured step(s) of the configuration (estimate; energy = mean "
+                          "device power × devices × step time, per step)"}
 
 
 def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock: float, thermal_clock: float,

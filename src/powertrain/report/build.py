@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep
+from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep, window_text
 from powertrain.analyze import steps as steps_mod
 from powertrain.analyze import telemetry as tel
 from powertrain.analyze.metrics import METRICS
@@ -289,8 +289,8 @@ def _run_header(rep: Report, summ: dict[str, Any], info: dict[str, Any], name: s
     model = cfg.get("model")
     model_name = (model.get("name") or json.dumps(model)) if isinstance(model, dict) else (model or "—")
     win = summ.get("window") or {}
-    window = ("predicted (no measurement window)" if pred else
-              f"{win.get('seconds', 0):.2f} s, {win.get('measured_steps', 0)} measured steps ({win.get('source', '')})")
+    window = (window_text(summ).removeprefix("window: ") if pred else
+              f"{window_text(summ).removeprefix('window: ')}; {win.get('measured_steps', 0)} measured steps")
     rep.table(["status", "reason", "model", "layout", "knobs", "hardware", "window"], [[
         _status_badge(summ.get("status") or "failed"), summ.get("reason") or "", model_name,
         _compact(cfg.get("layout")), _compact(cfg.get("knobs")), _compact(cfg.get("hardware")), window,
@@ -387,11 +387,12 @@ def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> 
     ]], cls="info")
     rows = [[f"{d['host']}/{d['device']}", d.get("samples"),
              "—" if d.get("rate_hz") is None else f"{d['rate_hz']:.3g} Hz",
-             d.get("gaps"), _fmt_s(d.get("gap_s")), _fmt_s(d.get("max_interval_s"))]
+             d.get("gaps"), _fmt_s(d.get("gap_s")), _fmt_s(d.get("max_interval_s")),
+             _fmt_s(d.get("edge_held_s")) if d.get("energy_why_null") is None else d["energy_why_null"]]
             for d in dq.get("devices") or []]
     if rows:
         rep.table(["device", "samples in window", "achieved rate", "gaps (> 2.5 periods)", "time in gaps",
-                   "longest interval"], rows)
+                   "longest interval", "energy: edges held (or why null)"], rows)
     for note in dq.get("telemetry_notes") or []:
         rep.p(note, "note")
 
