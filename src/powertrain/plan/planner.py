@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from powertrain.plan.sweep_spec import SweepSpec, expand
+from powertrain.predict.memory import fits
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import validate
 
@@ -160,11 +161,10 @@ def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
 
 
 def _memory(config: RunConfig) -> tuple[float | None, float | None, str | None]:
-    """(bytes per device, capacity, reason it does not fit) from the analytical memory model."""
-    try:
-        from powertrain.predict.memory import fits
-    except ImportError:  # the predictor is an optional part of a slim install
-        return None, None, None
+    """(bytes per device, capacity, reason it does not fit) from the analytical memory model.
+
+    The memory model is part of powertrain (no optional dependency): a failure to import or run it is
+    an error, never a plan that silently skips the memory check."""
     ok, need, breakdown = fits(config)
     capacity = breakdown.get("capacity_bytes") if isinstance(breakdown, dict) else None
     if ok:
