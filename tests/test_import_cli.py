@@ -180,3 +180,19 @@ def test_window_replaces_a_declared_one_and_keeps_it(tmp_path):
     b = build("zeus", [f], window_ns=parse_window("1714557601,1714557603"))
     assert b.info["window"]["source"] == "user --window"
     assert b.info["window_from_source"]["source"] == "Zeus: first window start → last window end"
+
+
+def test_perseus_folder_imports_from_the_command_line(tmp_path):
+    import os
+
+    src = Path(os.environ.get("POWERTRAIN_REAL_DATA", "/work/shared/data/real")) / "perseus-sosp24-pipeline-energy" \
+        / "a100x4_gpt3-xl_pp4"
+    if not src.exists():
+        pytest.skip(f"real data not found at {src} (set POWERTRAIN_REAL_DATA)")
+    res = runner.invoke(app, ["import", "auto", str(src), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "pass --anchor TIME" in res.output and ":1:" not in res.output
+    res = runner.invoke(app, ["import", "auto", str(src), "--anchor", "2024-08-20T09:00:00Z", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "imported 5 source(s) as zeus" in res.output  # 3 plans + perseus.json + models_A100.csv
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["window"]["source"] == "Perseus: first iteration start → last iteration end"

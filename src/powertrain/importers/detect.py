@@ -36,8 +36,11 @@ def detect_kind(path: str | Path) -> str | None:
         if any(n.startswith("power") for n in names if (p / n).is_dir()) or "mlperf" in kinds:
             return "mlperf"
         kinds.discard(None)
-        # only formats whose importer reads a whole folder as one run; a folder of nvidia-smi logs is
-        # usually several runs, so it must be named file by file
+        # only formats whose importer reads a whole folder as one run; a folder of nvidia-smi logs (or
+        # of Zeus CSVs) is usually several runs, so it must be named file by file. A Perseus folder
+        # (<plan>.prof.json beside its configuration) is one job.
+        if kinds == {"zeus"} and any(n.endswith(".prof.json") for n in names):
+            return "zeus"
         return kinds.pop() if len(kinds) == 1 and kinds <= {"kineto", "study_csv"} else None
     head = _head(p)
     if not head:
