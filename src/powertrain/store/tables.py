@@ -25,8 +25,12 @@ from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary left taking space
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class StreamingTableWriter:
@@ -76,20 +80,62 @@ class StreamingTableWriter:
         return finalize(self.base, self.schema)
 
 
+# Rows per row group of a compacted file: a few segments' worth, so compaction holds at most this
+# many rows (plus one segment) in memory however long the run was.
+COMPACT_ROW_GROUP_ROWS = 1 << 16
+
+
 def finalize(base: Path, schema: pa.Schema) -> Path:
-    """Compact ``<base>.parts/`` into ``<base>.parquet`` (idempotent; safe after a crash)."""
+    """Compact ``<base>.parts/`` into ``<base>.parquet`` (idempotent; safe after a crash).
+
+    Streams: an earlier compacted file is copied one row group at a time and each segment (one
+    ``segment_s`` of rows) is read, appended and dropped in turn, so memory stays bounded by a row
+    group and a segment, not by the run's length."""
     base = Path(base)
     final = base.with_name(base.name + ".parquet") if base.suffix != ".parquet" else base
     parts = final.with_name(final.name.removesuffix(".parquet") + ".parts")
     if not parts.is_dir():
         return final
-    tables = [t for t in (_read_readable(p) for p in sorted(parts.glob("seg-*.parquet"))) if t is not None]
-    if final.is_file():  # an earlier finalize ran but died before removing the parts
-        tables.insert(0, pq.read_table(final))
-    table = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables]) if tables else schema.empty_table()
-    _write_atomic(table, final)
+    segments = sorted(parts.glob("seg-*.parquet"))
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            buffer = _RowGroupBuffer(writer, schema)
+            if final.is_file():  # an earlier finalize ran but died before removing the parts
+                pf = pq.ParquetFile(final)
+                for i in range(pf.num_row_groups):
+                    buffer.add(pf.read_row_group(i))
+            for seg in segments:
+                t = _read_readable(seg)
+                if t is not None:
+                    buffer.add(t)
+            buffer.flush()
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     shutil.rmtree(parts, ignore_errors=True)
     return final
+
+
+class _RowGroupBuffer:
+    """Collects tables of ``schema`` and writes them as row groups of ``COMPACT_ROW_GROUP_ROWS`` rows."""
+
+    def __init__(self, writer: pq.ParquetWriter, schema: pa.Schema) -> None:
+        self.writer, self.schema = writer, schema
+        self.tables: list[pa.Table] = []
+        self.rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.tables.append(table.select(self.schema.names).cast(self.schema))
+        self.rows += table.num_rows
+        if self.rows >= COMPACT_ROW_GROUP_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tables:
+            self.writer.write_table(pa.concat_tables(self.tables), row_group_size=COMPACT_ROW_GROUP_ROWS)
+        self.tables, self.rows = [], 0
 
 
 def _read_readable(path: Path) -> pa.Table | None:
