@@ -15,6 +15,11 @@ Definitions:
   coordinate in the rank map) process the same tokens, so each replica counts once (its largest
   value) and replicas add up; without coordinates every rank counts;
 * **straggler spread of step s**: (slowest − fastest rank duration) / median rank duration × 100.
+
+Before any of this, step events that cannot be a step are **dropped and counted**
+(:func:`screen_steps`): a duration (``t_end_ns − t_start_ns``) that is negative, zero, not finite
+(a missing stamp) or longer than :data:`MAX_STEP_S` (a stamp from another clock or a corrupted
+file). The count per reason reaches ``summary.json`` ``data_quality.dropped_steps`` and a note.
 """
 
 from __future__ import annotations
@@ -25,6 +30,60 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+# No training step lasts a week: a longer one pairs stamps of different clocks or is corrupted.
+MAX_STEP_S = 7 * 24 * 3600.0
+_REASONS = ("negative duration", "zero duration", "no finite start or end", f"longer than {MAX_STEP_S / 86400:.0f} days")
+
+
+def screen_steps(events: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+    """``events`` without the ``step`` events whose duration is negative, zero, not finite or longer
+    than :data:`MAX_STEP_S`, and what was dropped: ``{"count", "reasons": {reason: n}, "first"}``
+    (``first`` names the first dropped event, ``None`` when nothing was). Other kinds are kept."""
+    empty: dict[str, Any] = {"count": 0, "reasons": {}, "first": None}
+    if events.num_rows == 0:
+        return events, empty
+    is_step = pc.fill_null(pc.equal(events["kind"], "step"), False).to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        dur = _durations_s(events)
+        masks = (dur < 0, dur == 0, ~np.isfinite(dur), dur > MAX_STEP_S)
+    bad = np.zeros(events.num_rows, dtype=bool)
+    reasons: dict[str, int] = {}
+    for reason, mask in zip(_REASONS, masks, strict=True):
+        hit = mask & is_step & ~bad
+        if hit.any():
+            reasons[reason] = int(hit.sum())
+            bad |= hit
+    if not bad.any():
+        return events, empty
+    i = int(np.flatnonzero(bad)[0])
+    first = (f"rank {events['rank'][i].as_py()} step {events['step'][i].as_py()}: "
+             f"{'no duration' if not np.isfinite(dur[i]) else f'{dur[i]:.6g} s'}")
+    return events.filter(pa.array(~bad)), {"count": int(bad.sum()), "reasons": reasons, "first": first}
+
+
+def _durations_s(events: pa.Table) -> np.ndarray:
+    """``t_end_ns − t_start_ns`` in seconds, nan where a stamp is null. Whole seconds and the
+    nanosecond rest are subtracted apart, so hostile stamps cannot overflow int64 and a duration of
+    one nanosecond is still told from zero."""
+    parts = []
+    for name in ("t_start_ns", "t_end_ns"):
+        col = events[name]
+        ns = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        parts.append((ns // 1_000_000_000, ns % 1_000_000_000, pc.is_null(col).to_numpy(zero_copy_only=False)))
+    (s0, r0, null0), (s1, r1, null1) = parts
+    dur = (s1 - s0).astype(np.float64) + (r1 - r0).astype(np.float64) / 1e9
+    dur[null0 | null1] = np.nan
+    return dur
+
+
+def dropped_steps_note(dropped: dict[str, Any]) -> str | None:
+    """One note for the summary when step events were dropped (see :func:`screen_steps`)."""
+    if not dropped.get("count"):
+        return None
+    why = ", ".join(f"{n} {r}" for r, n in dropped["reasons"].items())
+    return (f"{dropped['count']} step event(s) dropped before any metric ({why}; first: {dropped['first']}); "
+            "data_quality.dropped_steps")
 
 
 @dataclass
@@ -44,6 +103,8 @@ class StepData:
     phases: list[dict[str, Any]] = field(default_factory=list)  # non-step events of measured steps
     # how the measured steps were chosen when no step carried a window (None: by their marks)
     window_rule: str | None = None
+    # step events dropped before any metric (see screen_steps)
+    dropped: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": {}, "first": None})
 
     @property
     def n(self) -> int:
@@ -56,7 +117,8 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
     ``None`` when there is no measured step event.
 
     ``warmup_steps`` (the run's ``run.json`` ``warmup_steps``; ``None`` = 0) only matters when no step
-    event carries a window: see the module doc.
+    event carries a window: see the module doc. Impossible step events are dropped first
+    (:func:`screen_steps`; counted in ``StepData.dropped``).
     """
     if warmup_steps is None:
         warmup_steps = 0
@@ -65,6 +127,7 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
                          "(fix run.json's warmup_steps)")
     if events.num_rows == 0:
         return None
+    events, dropped = screen_steps(events)
     all_steps = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.invert(pc.is_null(events["step"]))))
     rule: str | None = None
     if all_steps.num_rows and all_steps["window"].null_count == all_steps.num_rows:
@@ -109,7 +172,7 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
         rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
-        window_rule=rule,
+        window_rule=rule, dropped=dropped,
     )
 
 
@@ -191,13 +254,17 @@ def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]
     return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
 
 
-def step_stats(sd: StepData | None) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Step-time statistics, throughput and straggler spread; (metrics, why_null)."""
+def step_stats(sd: StepData | None, dropped: dict[str, Any] | None = None,
+               ) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Step-time statistics, throughput and straggler spread; (metrics, why_null). ``dropped`` (from
+    :func:`screen_steps`) only words the reason when no measured step is left."""
     names = ("step_time_mean_s", "step_time_p50_s", "step_time_p99_s", "step_time_cv", "tokens_per_s",
              "samples_per_s", "straggler_spread_pct")
     if sd is None or sd.n == 0:
-        return dict.fromkeys(names), dict.fromkeys(
-            names, "no measured step events (events/ with window=measured, or unmarked steps after the warm-up)")
+        reason = "no measured step events (events/ with window=measured, or unmarked steps after the warm-up)"
+        if dropped and dropped.get("count"):
+            reason += f"; {dropped['count']} impossible step event(s) were dropped (data_quality.dropped_steps)"
+        return dict.fromkeys(names), dict.fromkeys(names, reason)
     t = sd.step_time_s
     m: dict[str, float | None] = {
         "step_time_mean_s": float(np.mean(t)),

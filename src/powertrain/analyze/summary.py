@@ -16,6 +16,7 @@ A run directory whose ``run.json`` has ``kind: "prediction"`` is not re-analysed
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import re
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from powertrain.analyze import views
+from powertrain.analyze import steps, views
 from powertrain.analyze.families import (
     Family,
     RunContext,
@@ -41,10 +42,12 @@ from powertrain.analyze.families import (
 )
 from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.store.rundir import RunDir, read_json, write_json_atomic
+from powertrain.store.validate import check_run
 
 # /2: energy from core.energy over the run's window, summary["window"] = {t0_ns, t1_ns, source, seconds}; a
 # summary.json of an older schema is recomputed by load_summary.
 SUMMARY_SCHEMA = "powertrain.summary/2"
+log = logging.getLogger(__name__)
 
 OOM_PATTERN = re.compile(
     r"out of memory|outofmemoryerror|\boom\b|cannot allocate memory|memoryerror|oom-kill|killed by sigkill.*memory",
@@ -91,9 +94,12 @@ def classify_status(status: str | None, reason: str | None, logs: str = "") -> s
 
 
 def summarize_run(path: str | Path, *, probe_cpu_peak: bool = True) -> dict[str, Any]:
-    """Compute the summary of the run directory ``path`` (does not write it; see :func:`write_summary`)."""
+    """Compute the summary of the run directory ``path`` (does not write it; see :func:`write_summary`).
+
+    A damaged run directory raises :class:`powertrain.store.validate.DamagedRun` (``RUN: file: problem``)."""
     run = RunDir(path)
     info = run.read()
+    check_run(path)
     if info.get("kind") == "prediction":
         return _prediction_summary(run, info)
     status = run.effective_status()
@@ -158,7 +164,8 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         "per_expert_rank": views.with_rank_times(views.group_view(per_device, "ep"), per_rank, "ep"),
         "phases": ctx.sd.phases if ctx.sd is not None else [],
         "profiles": overlap.profiles,
-        "data_quality": views.data_quality(ctx.info, ctx.dev_stats, ctx.window_s),
+        "data_quality": {**views.data_quality(ctx.info, ctx.dev_stats, ctx.window_s),
+                         "dropped_steps": steps.screen_steps(ctx.events)[1]},  # impossible step events
         "notes": notes,
     }
     if power.per_step_why:
@@ -200,6 +207,16 @@ def write_summary(path: str | Path, summary: dict[str, Any] | None = None) -> Pa
     return run.summary_json
 
 
+def _cached_summary(run: RunDir) -> dict[str, Any] | None:
+    """A measured run's ``summary.json``, or None when it cannot be read (it is derived: recomputed, with a warning)."""
+    try:
+        summ = read_json(run.summary_json)
+    except (OSError, ValueError) as exc:
+        log.warning("%s: summary.json: unreadable (%s); computing it again from the run's data", run.path, exc)
+        return None
+    return summ if isinstance(summ, dict) else None
+
+
 def load_summary(path: str | Path, *, refresh: bool = False) -> dict[str, Any]:
     """The summary of a run: computed and written when missing (or when ``refresh``), read otherwise.
 
@@ -211,8 +228,9 @@ def load_summary(path: str | Path, *, refresh: bool = False) -> dict[str, Any]:
         return summarize_run(path)
     if (not refresh and run.summary_json.is_file()
             and run.summary_json.stat().st_mtime >= run.run_json.stat().st_mtime):
-        summ = read_json(run.summary_json)
-        if summ.get("schema") == SUMMARY_SCHEMA:
+        check_run(path)
+        summ = _cached_summary(run)
+        if summ is not None and summ.get("schema") == SUMMARY_SCHEMA:
             return summ
     summ = summarize_run(path)
     if summ.get("status") != "running":

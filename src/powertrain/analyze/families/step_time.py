@@ -12,5 +12,9 @@ def step_family(ctx: RunContext) -> Family:
     fam = Family()
     if ctx.sd is not None and ctx.sd.window_rule:
         fam.notes.append(ctx.sd.window_rule)
-    fam.metrics, fam.why_null = steps.step_stats(ctx.sd)
+    dropped = steps.screen_steps(ctx.events)[1]  # impossible step events, dropped before any metric
+    note = steps.dropped_steps_note(dropped)
+    if note:
+        fam.notes.append(note)
+    fam.metrics, fam.why_null = steps.step_stats(ctx.sd, dropped)
     return fam
