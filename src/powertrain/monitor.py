@@ -27,6 +27,7 @@ import importlib.metadata
 import logging
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,12 +38,14 @@ from types import TracebackType
 from typing import IO, Any
 
 from powertrain import hooks
-from powertrain.schema import TELEMETRY_FIELDS
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
 from powertrain.shared_fs import wait_for_file
+from powertrain.store.reserve import RUN_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, read_json
-from powertrain.store.tables import finalize_run_streams
-from powertrain.supervise import outcome, signal_reason, supervise
+from powertrain.store.tables import finalize
+from powertrain.supervise import signal_reason, stop_orphans, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
+from powertrain.telemetry.sampler import WRITE_FAILED
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,7 @@ class Monitor:
         self.host = host or default_host()
         self.flush_s = flush_s
         self.sampler: subprocess.Popen[bytes] | None = None
+        self.log_loss: list[dict[str, Any]] = []  # command logs that could not be written (supervise)
         self.sampler_death: str | None = None
         self.info: dict[str, Any] = {}
         self._log: IO[bytes] | None = None
@@ -144,7 +148,39 @@ class Monitor:
                 f"{self.run.path} already holds a run (run.json exists); choose a new --out folder "
                 "or delete the old run"
             )
-        self.run.create()
+        made = [d for d in (self.run.path, self.run.telemetry_dir, self.run.events_dir, self.run.logs_dir)
+                if not d.exists()]
+        try:
+            self.run.create()
+            hold_space(reserve_path(self.run.path), RUN_RESERVE_BYTES)
+            self._write_start()
+            self._start_sampler()
+        except (OSError, MonitorError) as exc:
+            self._undo_start(made)
+            if isinstance(exc, MonitorError):
+                raise
+            raise MonitorError(f"{self.run.path}: cannot start the run ({exc}); nothing was left behind") from None
+        # This process's markers go to this run (the events file appears with the first step); a
+        # command run under the monitor gets the run directory through $POWERTRAIN_RUN_DIR instead.
+        self._hooks = hooks.bind(self.run.path, warmup_steps=self.warmup_steps)
+        return self
+
+    def _undo_start(self, made: list[Path]) -> None:
+        """A failed start leaves nothing behind: the sampler is stopped, what this start created removed."""
+        if self.sampler is not None and self.sampler.poll() is None:
+            self.sampler.kill()
+            self.sampler.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+        if getattr(self, "_attached", False):
+            return
+        self.run.run_json.unlink(missing_ok=True)
+        release_space(reserve_path(self.run.path))
+        for d in reversed(made):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _write_start(self) -> None:
         t0 = time.time_ns()
         self.info = {
             "schema": "powertrain.run/1",
@@ -168,11 +204,6 @@ class Monitor:
             "warmup_steps": self.warmup_steps,
         }
         self.run.write(self.info)
-        self._start_sampler()
-        # This process's markers go to this run (the events file appears with the first step); a
-        # command run under the monitor gets the run directory through $POWERTRAIN_RUN_DIR instead.
-        self._hooks = hooks.bind(self.run.path, warmup_steps=self.warmup_steps)
-        return self
 
     def _start_sampler(self) -> None:
         meta = self.run.telemetry_meta(self.host)
@@ -190,12 +221,12 @@ class Monitor:
         deadline = time.monotonic() + SAMPLER_START_TIMEOUT_S
         while not meta.is_file():
             if self.sampler.poll() is not None:
-                tail = (self.run.logs_dir / f"sampler-{self.host}.stderr").read_text(errors="replace")[-2000:]
-                self._finish("failed", f"telemetry sampler failed to start: {tail.strip()}")
-                raise MonitorError(f"the telemetry sampler failed to start:\n{tail}")
+                try:
+                    tail = (self.run.logs_dir / f"sampler-{self.host}.stderr").read_text(errors="replace")[-2000:]
+                except OSError as exc:
+                    tail = f"(its log cannot be read: {exc})"
+                raise MonitorError(f"the telemetry sampler failed to start: {tail.strip()}")
             if time.monotonic() > deadline:
-                self.sampler.kill()
-                self._finish("failed", "telemetry sampler did not start within 60 s")
                 raise MonitorError("the telemetry sampler did not start within 60 s")
             time.sleep(0.02)
 
@@ -206,7 +237,11 @@ class Monitor:
         wait_for_shared_file(self.run.run_json, timeout_s, "the run's run.json (its first process did not start)")
         self.info = read_json(self.run.run_json)
         self._attached = True
-        self._start_sampler()
+        try:
+            self._start_sampler()
+        except MonitorError:
+            self._undo_start([])  # the run is the owner's: only this host's sampler is stopped
+            raise
         return self
 
     def detach(self) -> None:
@@ -221,8 +256,18 @@ class Monitor:
         if code is None:
             return True
         if self.sampler_death is None:
-            self.sampler_death = f"telemetry sampler (pid {self.sampler.pid}) {signal_reason(code)}"
+            stopped = self._sampler_stop_reason()
+            self.sampler_death = (f"telemetry sampling stopped early: {stopped}" if stopped
+                                  else f"telemetry sampler (pid {self.sampler.pid}) {signal_reason(code)}")
         return False
+
+    def _sampler_stop_reason(self) -> str | None:
+        """The sampler's own reason when it stopped because it could not write (its final meta)."""
+        try:
+            reason = read_json(self.run.telemetry_meta(self.host)).get("stop_reason")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return reason if isinstance(reason, str) and reason.startswith(WRITE_FAILED) else None
 
     def warn_if_sampler_died(self) -> None:
         """While a command runs: say once that the sampler died (the command keeps going; the run is
@@ -243,11 +288,14 @@ class Monitor:
                 self.sampler_death = "telemetry sampler did not stop within 15 s and was killed"
         if self._log:
             self._log.close()
+            self._log = None
 
     def stop(self, status: str = "ok", reason: str | None = None, exit_code: int | None = None) -> dict[str, Any]:
         """Stop sampling and record how the run ended; a dead sampler turns ``ok`` into ``failed``."""
         self._unbind_hooks()
         self._stop_sampler()
+        if self.sampler_death is None and (stopped := self._sampler_stop_reason()):
+            self.sampler_death = f"telemetry sampling stopped early: {stopped}"
         if self.sampler_death:
             last = self._last_sample_note()
             death = f"{self.sampler_death}; telemetry kept up to {last}"
@@ -278,13 +326,19 @@ class Monitor:
     def _finish(self, status: str, reason: str | None, exit_code: int | None = None) -> dict[str, Any]:
         if getattr(self, "_attached", False):
             raise MonitorError("cannot finish a run this process only attached to (call detach())")
-        finalize_run_streams(self.run.path)
+        release_space(reserve_path(self.run.path))  # the space held for these last writes on a full disk
+        notes = compact_streams(self.run)
         t1 = time.time_ns()
         self.info.update(status=status, reason=reason, exit_code=exit_code, end_ns=t1, end=_iso(t1))
         self.info["clock"]["end"] = clock_info()
         self.info.update(collect_devices(self.run))
         self.info["hosts"] = sorted({*self.info.get("hosts", []), *self.info.get("sampler_hosts", {})})
-        self.run.write(self.info)
+        add_quality_notes(self.info, notes, self.log_loss)
+        try:
+            self.run.write(self.info)
+        except OSError as exc:  # nothing else can record it: say it once, keep the command's outcome
+            log.error("powertrain: cannot write %s (%s); the run ended %s%s", self.run.run_json, exc, status,
+                      f" ({reason})" if reason else "")
         return self.info
 
     def __enter__(self) -> Monitor:
@@ -314,6 +368,10 @@ def collect_devices(run: RunDir) -> dict[str, Any]:
         devices += [{"host": host, **d} for d in meta.get("devices", [])]
         notes += meta.get("notes", [])
         incidents += [{"host": host, **i} for i in meta.get("incidents", [])]
+        stop = meta.get("stop_reason")
+        if isinstance(stop, str) and stop.startswith(WRITE_FAILED):
+            kept = _iso(meta.get("t_last_ns")) or "the start (no sample was written)"
+            notes.append(f"{host}: sampling stopped early, {stop} (telemetry kept up to {kept})")
         software.update(meta.get("software", {}))
         sampler[host] = {k: meta.get(k) for k in (
             "backends", "rate_hz_requested", "rate_hz_achieved", "samples", "missed_ticks",
@@ -332,6 +390,66 @@ def collect_devices(run: RunDir) -> dict[str, Any]:
         "sampler_hosts": sampler,
         "device_software": software,
     }
+
+
+def compact_streams(run: RunDir) -> list[str]:
+    """Compact every unfinished telemetry and events stream; a stream that cannot be compacted (a full
+    disk) stays as its segments, which every reader reads, and gives one note."""
+    notes = []
+    for sub, schema in (("telemetry", TELEMETRY_SCHEMA), ("events", EVENTS_SCHEMA)):
+        for parts in sorted((run.path / sub).glob("*.parts")):
+            try:
+                finalize(parts.with_name(parts.name.removesuffix(".parts")), schema)
+            except OSError as exc:
+                notes.append(f"{sub}/{parts.name}: left as segments, not compacted ({exc})")
+                log.warning("powertrain: %s", notes[-1])
+    return notes
+
+
+def add_quality_notes(info: dict[str, Any], notes: Sequence[str], log_loss: Sequence[Mapping[str, Any]]) -> None:
+    """Record in ``run.json`` ``data_quality`` what a full disk (or another write error) cost: streams
+    left uncompacted, telemetry that stopped early, command output that could not be logged."""
+    dq_notes = [*notes, *(n for n in info.get("telemetry_notes", []) if WRITE_FAILED in n)]
+    dq_notes += [f"{x['file']}: {x['bytes_lost']} byte(s) of the command's output not kept ({x['first_error']})"
+                 for x in log_loss]
+    if not dq_notes and not log_loss:
+        return
+    dq = dict(info.get("data_quality") or {})
+    dq["notes"] = [*dq.get("notes", []), *dq_notes]
+    if log_loss:
+        dq["logs_lost"] = [dict(x) for x in log_loss]
+    info["data_quality"] = dq
+
+
+def close_orphaned_run(run: RunDir, supervisor_pid: int, host: str) -> None:
+    """The watchdog, run by the sampler when the process that started it (``powertrain monitor`` or the
+    ``powertrain run`` launcher) is gone: stop the commands it supervised, and when it owned the run and
+    left it ``running``, mark it ``failed: supervisor killed`` with what is known."""
+    stopped = stop_orphans(run, supervisor_pid)
+    try:
+        info = read_json(run.run_json)
+    except (OSError, ValueError):
+        return
+    if not isinstance(info, dict) or info.get("status") != "running":
+        return
+    owner = info.get("owner") or {}
+    if owner.get("pid") != supervisor_pid or owner.get("host") != host:
+        return
+    release_space(reserve_path(run.path))
+    notes = compact_streams(run)
+    t1 = time.time_ns()
+    what = "; ".join(stopped) if stopped else "no command was running"
+    info.update(status="failed", end_ns=t1, end=_iso(t1), exit_code=None,
+                reason=f"supervisor killed: the process that ran the command (pid {supervisor_pid}) died "
+                       f"without recording how the run ended; {what}",
+                exit_code_why_null="the supervising process died before the command ended; it was stopped")
+    info.setdefault("clock", {})["end"] = clock_info()
+    info.update(collect_devices(run))
+    add_quality_notes(info, notes, [])
+    try:
+        run.write(info)
+    except OSError as exc:
+        log.error("cannot mark %s failed (%s)", run.run_json, exc)
 
 
 def run_command(
@@ -366,13 +484,17 @@ def run_command(
                   warmup_steps=warmup_steps)
     mon.start()
     try:
-        code, received = supervise(argv, mon.run, "command", echo=echo, on_output=on_output, env=env,
-                                   on_tick=mon.warn_if_sampler_died)
+        res = supervise(argv, mon.run, "command", echo=echo, on_output=on_output, env=env,
+                        on_tick=mon.warn_if_sampler_died)
     except OSError as exc:
         mon.stop("failed", f"could not start the command: {exc}", exit_code=127)
         return 127, mon.info
+    except BaseException as exc:  # our own bug or an interrupt outside the main thread: still say how it ended
+        mon.stop("failed", f"supervisor error: {type(exc).__name__}: {exc}")
+        raise
     if on_exit is not None:
         on_exit()
-    status, reason = outcome(code, received)
-    info = mon.stop(status, reason, exit_code=code)
-    return code, info
+    mon.log_loss = res.log_loss
+    status, reason = res.outcome()
+    info = mon.stop(status, reason, exit_code=res.code)
+    return res.code, info

@@ -10,13 +10,18 @@ itself knows neither the endpoint nor this process.
 
 It logs to ``<run>/logs/sampler-<host>.log``; errors also go to stderr, which the monitor keeps in
 ``logs/sampler-<host>.stderr`` and shows when the sampler fails to start. It exits cleanly on SIGTERM
-/ SIGINT and by itself when the process that started it (``--watch-pid``) disappears.
+/ SIGINT and by itself when the process that started it (``--watch-pid``) disappears. Then it is the
+run's **watchdog**: it stops the commands that process supervised (:func:`powertrain.supervise.stop_orphans`)
+and, when that process owned the run and left it ``running``, marks it ``failed: supervisor killed``
+(:func:`powertrain.monitor.close_orphaned_run`). A disk that fills while sampling stops sampling with
+the reason in ``<host>.meta.json``; one that is full at start is one error line and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -81,7 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sampler.run()
+    try:
+        sampler.run()
+    except OSError as exc:  # could not start writing (a full disk): one line, the monitor shows it
+        log.error("cannot write telemetry into %s: %s", run.path, exc)
+        return 2
+    if args.watch_pid is not None and os.getppid() != args.watch_pid:
+        from powertrain.monitor import close_orphaned_run  # the watchdog: only when the starter died
+
+        close_orphaned_run(run, args.watch_pid, host)
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from powertrain.monitor import Monitor, MonitorError, wait_for_shared_file
 from powertrain.shared_fs import wait_for_records, wait_node_samplers
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
-from powertrain.supervise import outcome, supervise
+from powertrain.supervise import Supervised, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
 
 log = logging.getLogger(__name__)
@@ -86,15 +86,17 @@ def run_task_command(
     else:
         wait_for_shared_file(run.run_json, task_wait_s, "the run.json of task 0")
     try:
-        code, received = supervise(argv, run, f"task-{procid}", echo=echo, on_output=on_output, env=env,
-                                   on_tick=mon.warn_if_sampler_died if mon is not None else None)
+        res = supervise(argv, run, f"task-{procid}", echo=echo, on_output=on_output, env=env,
+                        on_tick=mon.warn_if_sampler_died if mon is not None else None)
     except OSError as exc:
         log.error("powertrain: task %s could not start the command: %s", procid, exc)
-        code, received = 127, []
+        res = Supervised(code=127, received=[])
+    code = res.code
     if on_exit is not None:
         on_exit()
     write_json_atomic(task_marker(run, procid), {"procid": procid, "localid": localid, "host": default_host(),
-                                                  "exit_code": code, "end_ns": time.time_ns()})
+                                                  "exit_code": code, "end_ns": time.time_ns(),
+                                                  "logs_lost": res.log_loss})
     if mon is None:
         return code, {}
     done, missing = wait_for_records([task_marker(run, i) for i in range(ntasks)], task_wait_s)
@@ -103,7 +105,8 @@ def run_task_command(
         return code, {}
     if task.get("nnodes", 1) > 1:
         wait_node_samplers(run, task["nnodes"])
-    status, reason = outcome(code, received)
+    mon.log_loss = [x for d in done.values() for x in d.get("logs_lost") or []]
+    status, reason = res.outcome()
     failed = [f"task {i} exited with code {d.get('exit_code')}" for i, d in sorted(done.items())
               if d.get("exit_code") not in (0, None) and i != 0]
     if missing:

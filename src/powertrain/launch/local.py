@@ -33,26 +33,24 @@ process P closing signal S" in its log) and the ranks that failed after the caus
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from powertrain import hooks
 from powertrain.hardware import is_cpu_name, record_host_probe
 from powertrain.monitor import Monitor, wait_for_shared_file
 from powertrain.shared_fs import wait_node_samplers
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
+from powertrain.supervise import supervise
 
 CRASH_GRACE_S = 20.0
 STOP_GRACE_S = 10.0
@@ -225,14 +223,18 @@ def _tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
         return ""
 
 
-def _pump(src: IO[bytes], dest: Path, echo: bool) -> None:
-    """Copy torchrun's output into ``dest``; echo rank 0's progress lines to the terminal."""
-    with open(dest, "ab") as f:
-        for line in iter(src.readline, b""):
-            f.write(line)
-            f.flush()
-            if echo and line.startswith(b"powertrain:"):
-                sys.stderr.buffer.write(line)
+class ProgressEcho:
+    """Fed torchrun's output chunk by chunk: echoes rank 0's progress lines (``powertrain: …``) to the
+    terminal."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def __call__(self, chunk: bytes, _stream: str) -> None:
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"powertrain:"):
+                sys.stderr.buffer.write(line + b"\n")
                 sys.stderr.flush()
 
 
@@ -448,54 +450,22 @@ def _merge_consequences(cause: Mapping[str, Any], infos: list[Mapping[str, Any]]
 
 def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None, env: Mapping[str, str] | None,
                log_name: str) -> tuple[str, str | None, int]:
-    """Start torchrun, wait for it (stopping it on a crash, timeout or signal); (status, reason, exit code).
+    """Run torchrun under the supervisor (:func:`powertrain.supervise.supervise`: output copied without
+    ever blocking it, signals forwarded, the whole tree stopped on a crash, a time limit, an interrupt
+    or this launcher's death); (status, reason, exit code).
 
     Its output goes to ``logs/<log_name>``; what went wrong is also put in ``mon.info`` (failed_rank,
     error, error_tail, launch), which only the run's owner writes to ``run.json``.
     """
     run = mon.run
     log = run.logs_dir / log_name
-    child_env = {**os.environ, **(env or {}), hooks.RUN_DIR_ENV: str(run.path.resolve()), "PYTHONUNBUFFERED": "1"}
-    t_launch = time.time_ns()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env, process_group=0,
-                             preexec_fn=_term_with_parent)
-    assert child.stdout is not None
-    pump = threading.Thread(target=_pump, args=(child.stdout, log, echo), daemon=True)
-    pump.start()
-
-    interrupted: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        if not interrupted:
-            interrupted.append(signum)
-            _killpg(child.pid, signal.SIGTERM)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} \
-        if threading.current_thread() is threading.main_thread() else {}
-    kill_at: float | None = None
-    timed_out = False
-    try:
-        while True:
-            try:
-                code = child.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if kill_at is None and (interrupted or first_error(run.path) is not None):
-                kill_at = now + (STOP_GRACE_S if interrupted else CRASH_GRACE_S)
-            if timeout_s is not None and not timed_out and (time.time_ns() - t_launch) / 1e9 > timeout_s:
-                timed_out = True
-                _killpg(child.pid, signal.SIGTERM)
-                kill_at = now + STOP_GRACE_S
-            if kill_at is not None and now > kill_at:
-                _killpg(child.pid, signal.SIGKILL)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    pump.join(timeout=5)
-    t_end = time.time_ns()
-    mon.info["launch"] = {"t_start_ns": t_launch, "t_end_ns": t_end, "exit_code": code}
+    res = supervise(cmd, run, log_name, echo=False, on_output=ProgressEcho() if echo else None,
+                    env={**(env or {}), "PYTHONUNBUFFERED": "1"}, merge_output=True, timeout_s=timeout_s,
+                    tear_down=lambda: CRASH_GRACE_S if first_error(run.path) is not None else None,
+                    kill_after_s=STOP_GRACE_S, on_tick=mon.warn_if_sampler_died)
+    code, interrupted, timed_out = res.code, res.received, res.timed_out
+    mon.info["launch"] = {"t_start_ns": res.t_start_ns, "t_end_ns": res.t_end_ns, "exit_code": code}
+    mon.log_loss = res.log_loss
 
     status, reason = "ok", None
     failures = torchrun_failures(log) if code != 0 else {}
@@ -519,16 +489,3 @@ def _supervise(mon: Monitor, cmd: list[str], echo: bool, timeout_s: float | None
         else:
             reason = f"torchrun exited with code {code}: {tail.splitlines()[-1] if tail else 'no output'}"
     return status, reason, code
-
-
-def _term_with_parent() -> None:
-    """In torchrun's process: get SIGTERM if this launcher dies, even by SIGKILL (Linux prctl)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _killpg(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)

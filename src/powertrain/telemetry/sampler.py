@@ -9,7 +9,9 @@ Prometheus endpoint when asked. What the sampler found (devices, supported field
 achieved rate) goes to ``<host>.meta.json``.
 
 The loop stops on :meth:`Sampler.stop` and by itself when the process that started it disappears
-(so an orphaned sampler never runs forever).
+(so an orphaned sampler never runs forever). When a sink cannot write (a full disk, an I/O error) the
+sampler stops sampling with the reason (``stop_reason`` starting with :data:`WRITE_FAILED`) rather than
+crash; a small reserve of space (:mod:`powertrain.store.reserve`) lets it still write its final meta.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
+from powertrain.store.reserve import SAMPLER_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
 from powertrain.store.tables import StreamingTableWriter
 from powertrain.telemetry.backend import Backend
@@ -33,6 +36,7 @@ from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 log = logging.getLogger(__name__)
 
 MAX_RATE_HZ = 1000.0
+WRITE_FAILED = "telemetry write failed"  # how a stop_reason begins when a sink could not write
 
 
 class SampleSink(Protocol):
@@ -103,6 +107,8 @@ class Sampler:
         self.stop_reason = "stopped"
         self.t_first_ns: int | None = None
         self.t_last_ns: int | None = None
+        self.write_error: OSError | None = None
+        self._t_flushed_ns: int | None = None  # the last sample known to be on disk
 
     def stop(self, reason: str = "stopped") -> None:
         self.stop_reason = reason
@@ -152,9 +158,16 @@ class Sampler:
         self.samples += 1
 
     def run(self) -> None:
-        """The sampling loop; returns after :meth:`stop` or when the parent process is gone."""
+        """The sampling loop; returns after :meth:`stop`, when the parent process is gone, or when a sink
+        cannot write. Raises ``OSError`` only when it cannot start (no space for its reserve or meta)."""
         _warm_up_writer()
-        write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=False))
+        reserve = reserve_path(self.rundir.telemetry_dir, self.host)
+        hold_space(reserve, SAMPLER_RESERVE_BYTES)
+        try:
+            write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=False))
+        except OSError:
+            release_space(reserve)
+            raise
         log.info("sampling %d device(s) at %g Hz: %s", sum(len(b.devices()) for b in self.backends),
                  self.rate_hz, ", ".join(d.device for b in self.backends for d in b.devices()))
         for note in self.notes:
@@ -164,7 +177,13 @@ class Sampler:
         try:
             while not self._stop.is_set():
                 self._sample_once()
-                if self._flush_sinks():
+                try:
+                    flushed = self._flush_sinks()
+                except OSError as exc:
+                    self._write_failed(exc)
+                    break
+                if flushed:
+                    self._t_flushed_ns = self.t_last_ns
                     n = sum(len(b.incidents) for b in self.backends)
                     if n != seen_incidents:
                         for inc in [i for b in self.backends for i in b.incidents][seen_incidents:]:
@@ -181,14 +200,34 @@ class Sampler:
                     next_t = time.monotonic()
                 else:
                     self._stop.wait(delay)
-            self._sample_once()  # the state at the moment of stopping, so the window ends measured
+            if self.write_error is None:
+                self._sample_once()  # the state at the moment of stopping, so the window ends measured
         finally:
-            for sink in self.sinks:
-                sink.close()
+            self._close_sinks()
             for b in self.backends:
                 b.close()
-            write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=True))
+            release_space(reserve)  # the final meta must be written even on a full disk
+            try:
+                write_json_atomic(self.rundir.telemetry_meta(self.host), self.meta(final=True))
+            except OSError as exc:
+                log.error("cannot write the final meta (%s); stopped (%s)", exc, self.stop_reason)
             log.info("stopped (%s) after %d samples", self.stop_reason, self.samples)
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A sink could not write: sampling stops, and says why (not a crash: the command goes on)."""
+        self.write_error = exc
+        self.stop_reason = f"{WRITE_FAILED}: {exc}"
+        self.t_last_ns = self._t_flushed_ns  # what was sampled after the last flush is not on disk
+        log.error("%s; sampling stops (telemetry kept up to the last flush)", self.stop_reason)
+
+    def _close_sinks(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except OSError as exc:  # e.g. the compaction on a full disk: the segments stay readable
+                if self.write_error is None:
+                    self._write_failed(exc)
+                log.error("closing %s failed: %s", type(sink).__name__, exc)
 
 
     def _flush_sinks(self) -> bool:
