@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,11 +14,41 @@ from rich.table import Table
 from powertrain.cli import app
 from powertrain.plan.planner import Plan, plan
 from powertrain.plan.sweep_spec import SpecError, load_sweep_spec
+from powertrain.spec.bounds import DEFAULT_MAX_POINTS, shown
 
 out = Console(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)
 
 _STYLE = {"planned": "green", "rejected": "red", "unsupported": "yellow", "duplicate": "dim"}
+
+MAX_POINTS_HELP = "Refuse a grid of more points than this (counted from the axes, before expansion)."
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr (control characters escaped, no markup read from it), then exit ``code``."""
+    err.print(f"[red]error:[/] {escape(shown(message))}", emoji=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def load_and_plan(spec: Path, max_points: int) -> Plan:
+    """The plan of SPEC, or exit 2 with one line naming the file and the problem."""
+    try:
+        sweep_spec = load_sweep_spec(spec)
+    except SpecError as exc:
+        fail(str(exc))
+    try:
+        return plan(sweep_spec, max_points)
+    except SpecError as exc:
+        fail(f"{shown(spec)}: {exc}")
+
+
+def nothing_valid(p: Plan, spec: Path) -> str | None:
+    """One line when no run of the plan can launch (every run rejected, unsupported or merged), else None."""
+    if p.to_launch:
+        return None
+    c = p.counts()
+    return (f"{shown(spec)}: nothing to launch: of {len(p.runs)} run(s), {c['rejected']} rejected and "
+            f"{c['unsupported']} unsupported by the built-in trainer (reasons in the table)")
 
 
 def _gib(v: float | None) -> str:
@@ -62,6 +92,7 @@ def plan_cmd(
     spec: Annotated[Path, typer.Argument(help="Sweep spec YAML (or a single-run spec).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead of a table.")] = False,
     problems: Annotated[bool, typer.Option("--problems", help="Only show runs that will not launch.")] = False,
+    max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
 ) -> None:
     """Expand a sweep spec into runs and check each one WITHOUT launching anything.
 
@@ -70,15 +101,17 @@ def plan_cmd(
     enough pipeline micro-batches, …) and sized with the analytical memory model. Rejections name the
     violated rule and a fix; runs whose knobs change nothing for their layout are merged.
 
+    Exit status: 0 when at least one run would launch, 1 when none would (every run rejected or
+    unsupported), 2 when the spec itself is refused (one line naming the file and the field).
+
     Example:  powertrain plan examples/study-h200-microbatch.yaml --problems
     """
-    try:
-        p = plan(load_sweep_spec(spec))
-    except SpecError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    p = load_and_plan(spec, max_points)
     if as_json:
         typer.echo(json.dumps({"name": p.spec.name, "counts": p.counts(), "runs": [r.to_dict() for r in p.runs]},
                               indent=2, default=str))
-        return
-    print_plan(p, show_all=not problems)
+    else:
+        print_plan(p, show_all=not problems)
+    none = nothing_valid(p, spec)
+    if none:
+        fail(none, code=1)

@@ -8,11 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from powertrain.cli.plan import fail
 from powertrain.cli.root import app
 from powertrain.monitor import MonitorError
+from powertrain.plan.sweep_spec import pydantic_message
+from powertrain.spec.bounds import load_spec_yaml, shown
 from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.spec.validate import validate
 
@@ -27,12 +31,10 @@ _SWEEP_KEYS = ("base", "grid", "variants", "launch")
 
 def _sweep_spec_error(spec: Path) -> str | None:
     """One line naming the right command when SPEC is a sweep spec, instead of pydantic's dump."""
-    import yaml
-
     try:
-        raw = yaml.safe_load(spec.read_text())
-    except (OSError, yaml.YAMLError):
-        return None  # load_run_config reports missing files and bad YAML itself
+        raw = load_spec_yaml(spec)
+    except ValueError:
+        return None  # load_run_config reports unreadable, oversized and malformed files itself
     if not isinstance(raw, dict):
         return None
     keys = [k for k in _SWEEP_KEYS if k in raw]
@@ -103,7 +105,7 @@ def run(
     """
     cfg = _checked_config(spec)
     if check_only:
-        err.print(f"[green]ok:[/] {spec} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
+        err.print(f"[green]ok:[/] {escape(shown(spec))} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
                   f"world {cfg.world})")
         return
     from powertrain.launch.local import launch_local
@@ -128,16 +130,16 @@ def _checked_config(spec: Path) -> RunConfig:
     (exit 2) with the problems and their fixes."""
     sweep_error = _sweep_spec_error(spec) if spec.is_file() else None
     if sweep_error:
-        err.print(f"[red]error:[/] {escape(sweep_error)}")
-        raise typer.Exit(2)
+        fail(sweep_error)
     try:
         cfg = load_run_config(spec)
+    except ValidationError as exc:
+        fail(f"{shown(spec)}: {pydantic_message(exc)}")
     except (FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
     violations = validate(cfg)
-    if violations:
-        err.print(f"[red]error:[/] {spec} cannot run ({len(violations)} problem(s)); nothing was started:")
+    if violations:  # exit 2, nothing valid remains: the first line says so, one line per rule follows
+        err.print(f"[red]error:[/] {escape(shown(spec))} cannot run ({len(violations)} problem(s)); nothing was started:")
         for v in violations:
             err.print(f"  [bold]{v.rule}[/]: {escape(v.message)}\n    fix: {escape(v.fix)}")
         raise typer.Exit(2)

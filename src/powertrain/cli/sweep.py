@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from pathlib import Path
@@ -12,12 +13,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from powertrain.cli.plan import print_plan
+from powertrain.cli.plan import MAX_POINTS_HELP, fail, load_and_plan, nothing_valid, print_plan
 from powertrain.cli.root import app
 from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
-from powertrain.plan.planner import plan
 from powertrain.plan.state import SweepLocked, SweepState
-from powertrain.plan.sweep_spec import SpecError, load_sweep_spec
+from powertrain.spec.bounds import DEFAULT_MAX_POINTS, control_char
+from powertrain.spec.slurm import directive_word
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -61,6 +62,7 @@ def sweep_cmd(
     only: Annotated[str | None, typer.Option("--only", help="Run only run ids matching this glob, e.g. '*tp2*'.")] = None,
     interrupted: Annotated[str, typer.Option("--interrupted", help="With --resume: rerun or fail a run that was cut off.")] = "rerun",
     time_limit_min: Annotated[float | None, typer.Option("--time-limit", help="Minutes per run (default: the spec's).")] = None,
+    max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
 ) -> None:
     """Plan a sweep, then run every valid run: one after another on this machine (local), or one
     Slurm job per run (slurm). State lives in OUT/sweep.json; Ctrl-C stops after cleaning up the
@@ -68,12 +70,9 @@ def sweep_cmd(
 
     Example:  powertrain sweep examples/cpu-sweep.yaml --out results/cpu && powertrain report results/cpu
     """
-    try:
-        sweep_spec = load_sweep_spec(spec)
-        p = plan(sweep_spec)
-    except SpecError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    p = load_and_plan(spec, max_points)
+    sweep_spec = p.spec
+    _check_options(out, time_limit_min)
     if interrupted not in ("rerun", "fail"):
         err.print("[red]error:[/] --interrupted must be rerun or fail")
         raise typer.Exit(2)
@@ -82,9 +81,15 @@ def sweep_cmd(
         err.print("[red]error:[/] --backend must be local or slurm")
         raise typer.Exit(2)
     folder = out or Path("results") / sweep_spec.name
+    if chosen == "slurm":
+        try:  # the results folder is written into every job's #SBATCH --output
+            directive_word("--out", str(folder.absolute()))
+        except ValueError as exc:
+            fail(str(exc))
     print_plan(p, console=err, show_all=False)
-    if not p.to_launch:
-        err.print("[yellow]nothing to launch[/]")
+    none = nothing_valid(p, spec)
+    if none:  # nothing is created; the table above says why
+        fail(none, code=1)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
                         interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None)
@@ -114,3 +119,11 @@ def sweep_cmd(
     if left:
         err.print(f"[yellow]{len(left)} run(s) not finished; continue with --resume[/]")
     raise typer.Exit(1 if failed or left else 0)
+
+
+def _check_options(out: Path | None, time_limit_min: float | None) -> None:
+    """--out and --time-limit, refused with one line before anything is created."""
+    if out is not None and control_char(str(out)):
+        fail(f"--out: the results folder path holds {control_char(str(out))}; choose a path without one")
+    if time_limit_min is not None and not (math.isfinite(time_limit_min) and 0 < time_limit_min <= 525_600):
+        fail(f"--time-limit: {time_limit_min!r} is not a number of minutes between 0 and 525600 (a year)")

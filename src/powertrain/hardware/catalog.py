@@ -229,10 +229,38 @@ def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> Devic
     for dev in cat.values():
         if key == _norm(dev.name) or any(key == _norm(a) for a in dev.aliases):
             return dev
-    raise KeyError(
-        f"unknown device {name!r}; known: {', '.join(sorted(cat))}, or cpu. "
-        "Add your own in a YAML file with the keys of hardware/catalog.yaml and pass it with --hardware"
-    )
+    raise UnknownDeviceError(name, closest_devices(name, cat))
+
+
+class UnknownDeviceError(KeyError):
+    """A device name the catalog does not hold; the message lists the closest names (difflib)."""
+
+    def __init__(self, name: str, closest: list[str]) -> None:
+        super().__init__(name)
+        self.name, self.closest = name, closest
+        near = f"closest: {', '.join(closest)}" if closest else "no close catalog name"
+        self.message = (f"unknown device {name!r} ({near}; or cpu). Add your own in a YAML file with the keys of "
+                        "hardware/catalog.yaml and pass it with --hardware")
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def closest_devices(name: str, catalog: dict[str, DeviceSpec] | None = None, n: int = 3) -> list[str]:
+    """Up to ``n`` catalog names closest to ``name`` (case and punctuation ignored, aliases count)."""
+    import difflib
+
+    cat = catalog if catalog is not None else _default_catalog()
+    by_key: dict[str, str] = {}
+    for dev in cat.values():
+        for label in (dev.name, *dev.aliases):
+            by_key.setdefault(_norm(label), dev.name)
+    matches = difflib.get_close_matches(_norm(name), list(by_key), n=n * 3, cutoff=0.5)
+    out: list[str] = []
+    for m in matches:
+        if by_key[m] not in out:
+            out.append(by_key[m])
+    return out[:n]
 
 
 

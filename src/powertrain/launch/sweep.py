@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 import os
 import shlex
 import signal
@@ -29,7 +30,9 @@ import yaml
 
 from powertrain.plan.planner import Plan
 from powertrain.plan.state import FINISHED, SweepState, sweep_lock
+from powertrain.spec.bounds import control_char
 from powertrain.spec.run import Protocol, RunConfig
+from powertrain.spec.slurm import check_name, check_option, directive_word, job_name
 from powertrain.store.rundir import RunDir
 from powertrain.store.tables import finalize_run_streams
 
@@ -160,24 +163,44 @@ def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit
     return reason
 
 
+def _directives(plan_launch: Any, config: RunConfig, run_dir: Path, time_limit_s: float) -> list[str]:
+    """The ``#SBATCH`` lines, every value checked again (:mod:`powertrain.spec.slurm`) whatever built
+    ``plan_launch``: a value Slurm would not accept as one word raises ``SweepError`` naming the field."""
+    folder = run_dir.parent
+    if not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise SweepError(f"time limit {time_limit_s!r} s is not a positive number of seconds")
+    try:
+        lines = [
+            f"#SBATCH --job-name={job_name(f'pt-{folder.name}-{run_dir.name}')}",
+            f"#SBATCH --nodes={int(config.hardware.nodes)}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --time={max(1, int(time_limit_s // 60))}",
+            f"#SBATCH --output={directive_word('results folder', str(folder / '.launch' / run_dir.name), '-%j.out')}",
+        ]
+        for field, value, allow_list in (("launch.partition", plan_launch.partition, True),
+                                         ("launch.account", plan_launch.account, False),
+                                         ("launch.qos", getattr(plan_launch, "qos", None), True)):
+            if value:
+                lines.append(f"#SBATCH --{field.split('.')[1]}={check_name(field, str(value), allow_list)}")
+        lines += [f"#SBATCH {check_option(f'launch.slurm_extra[{i}]', str(d))}"
+                  for i, d in enumerate(plan_launch.slurm_extra)]
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+    return lines
+
+
 def sbatch_script(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_path: Path, run_dir: Path,
                   time_limit_s: float) -> str:
     """The batch script for one run: one task per node, each running ``powertrain run`` for its node
-    (``srun`` when ``hardware.nodes > 1``); every node's launcher starts that node's one sampler."""
-    folder = run_dir.parent
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name=pt-{folder.name}-{run_dir.name}"[:120],
-        f"#SBATCH --nodes={config.hardware.nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --time={max(1, int(time_limit_s // 60))}",
-        f"#SBATCH --output={folder / '.launch' / (run_dir.name + '-%j.out')}",
-    ]
-    if plan_launch.partition:
-        lines.append(f"#SBATCH --partition={plan_launch.partition}")
-    if plan_launch.account:
-        lines.append(f"#SBATCH --account={plan_launch.account}")
-    lines += [f"#SBATCH {d}" if not d.startswith("#SBATCH") else d for d in plan_launch.slurm_extra]
+    (``srun`` when ``hardware.nodes > 1``); every node's launcher starts that node's one sampler.
+
+    Nothing from the spec or the command line reaches it unchecked: ``#SBATCH`` values match Slurm's
+    patterns (:func:`_directives`), the one shell line quotes every word with ``shlex.quote``, and a
+    newline or NUL anywhere is refused (``SweepError``)."""
+    for what, word in (("results folder", str(run_dir)), ("spec path", str(spec_path)), ("python", opts.python)):
+        if control_char(word):
+            raise SweepError(f"{what} {word!r} holds {control_char(word)}; choose a path without one")
+    lines = ["#!/bin/bash", *_directives(plan_launch, config, run_dir, time_limit_s)]
     cmd = " ".join(shlex.quote(c) for c in _run_command(opts, spec_path, run_dir))
     if config.hardware.nodes > 1:
         # One `powertrain run` per node; each reads its node options from Slurm (run directory on a
@@ -192,7 +215,11 @@ def _launch_slurm(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_
     folder = run_dir.parent
     (folder / ".launch").mkdir(exist_ok=True)
     script = folder / ".launch" / f"{run_dir.name}.sbatch"
-    script.write_text(sbatch_script(opts, plan_launch, config, spec_path, run_dir, time_limit_s))
+    try:
+        text = sbatch_script(opts, plan_launch, config, spec_path, run_dir, time_limit_s)
+    except SweepError as exc:
+        return f"no batch script written: {exc}"
+    script.write_text(text)
     try:
         res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:

@@ -19,8 +19,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from powertrain.plan.sweep_spec import SweepSpec, expand
+from powertrain.plan.sweep_spec import SpecError, SweepSpec, expand
 from powertrain.predict.memory import fits
+from powertrain.spec.bounds import DEFAULT_MAX_POINTS
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import validate
 
@@ -109,22 +110,27 @@ _SHORT = {"microbatch": "mb", "globalbatch": "gb", "recompute": "rc", "sequencep
           "distributedoptimizer": "distopt", "ppschedule": "", "virtualstages": "v", "ppsplit": "split"}
 
 
+def _short(key: str) -> str:
+    """The last part of a dotted key, shortened; only ``a-z 0-9`` (a run id names a folder and a job)."""
+    name = re.sub(r"[^a-z0-9]+", "", key.split(".")[-1].lower())
+    return _SHORT.get(name, name)
+
+
 def run_id(settings: dict[str, Any]) -> str:
-    """A readable, stable id from the grid values, e.g. ``gpt3-175b.tp2.pp16.base``."""
+    """A readable, stable id from the grid values, e.g. ``gpt3-175b.tp2.pp16.base``.
+
+    Only ``a-z 0-9 . -`` appear in it, whatever the keys and values hold."""
     parts = []
     for key, value in _flatten(settings).items():
         if isinstance(value, bool):
-            if value:
-                name = key.split(".")[-1].replace("_", "")
-                parts.append(_SHORT.get(name, name))
+            if value and _short(key):
+                parts.append(_short(key))
             continue
         if key in ("model", "variant"):
             parts.append(_slug(value))
         else:
-            short = key.split(".")[-1].replace("_", "")
-            short = _SHORT.get(short, short)
-            parts.append(f"{short}{_slug(value)}")
-    return ".".join(parts) or "run"
+            parts.append(f"{_short(key)}{_slug(value)}")
+    return ".".join(parts).strip(".") or "run"
 
 
 def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
@@ -176,12 +182,15 @@ def _memory(config: RunConfig) -> tuple[float | None, float | None, str | None]:
     )
 
 
-def plan(spec: SweepSpec) -> Plan:
-    """Expand, validate, size and de-duplicate every run of ``spec``."""
+def plan(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> Plan:
+    """Expand, validate, size and de-duplicate every run of ``spec``.
+
+    At most ``max_points`` grid points, and as many runs once repeats are counted; more is a
+    :class:`SpecError` naming the number, before anything is built."""
     runs: list[PlannedRun] = []
     seen_ids: dict[str, int] = {}
     seen_effective: dict[str, str] = {}
-    for exp in expand(spec):
+    for exp in expand(spec, max_points):
         rid = run_id(exp.settings)
         if rid in seen_ids:
             seen_ids[rid] += 1
@@ -220,6 +229,10 @@ def plan(spec: SweepSpec) -> Plan:
                            + (f": {', '.join(run.unused_knobs)} change nothing" if run.unused_knobs else "")]
         else:
             seen_effective[key] = rid
+    total = sum(r.config.protocol.repeats if r.config and r.status == "planned" else 1 for r in runs)
+    if total > max_points:
+        raise SpecError(f"protocol.repeats: the grid's points repeated make {total:,} runs, over the limit of "
+                        f"{max_points:,}; lower repeats, split the sweep, or raise the limit with --max-points")
     return Plan(spec=spec, runs=_expand_repeats(runs))
 
 

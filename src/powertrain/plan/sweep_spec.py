@@ -23,19 +23,34 @@ A sweep spec is YAML::
 
 Values that can be derived (dp from the world size, micro-batches per step) are computed by the
 planner, never typed. Expansion is pure: the same spec always yields the same runs in the same order.
+
+Bounds (:mod:`powertrain.spec.bounds`): the file is at most 1 MiB of UTF-8 whose YAML aliases add at
+most 10 000 nodes; no key or value holds a newline, carriage return or NUL (a multi-line
+``description`` excepted); the grid has at most ``max_points`` points (default 100 000), counted
+from the axes' lengths before anything is expanded. The ``launch`` values that reach a Slurm batch
+script match what Slurm accepts (:mod:`powertrain.spec.slurm`).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from powertrain.spec.bounds import (
+    DEFAULT_MAX_POINTS,
+    SpecFileError,
+    control_char_field,
+    load_spec_yaml,
+    shown,
+)
 from powertrain.spec.run import RunConfig
+from powertrain.spec.slurm import check_name, check_option
 
 
 class SpecError(ValueError):
@@ -46,16 +61,36 @@ class LaunchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["local", "slurm"] = "local"
-    time_limit_min: float = Field(default=60.0, gt=0, description="per run; the run is killed after it")
-    retries: int = Field(default=0, ge=0, description="automatic re-tries of a failed run")
-    partition: str | None = None
-    account: str | None = None
-    slurm_extra: list[str] = Field(default_factory=list, description="extra #SBATCH directives")
-    sampler_rate_hz: float = Field(default=20.0, gt=0)
+    time_limit_min: float = Field(default=60.0, gt=0, le=525_600, allow_inf_nan=False,
+                                  description="per run (at most a year); the run is killed after it")
+    retries: int = Field(default=0, ge=0, le=100, description="automatic re-tries of a failed run")
+    partition: str | None = Field(default=None, description="Slurm partition (or comma list)")
+    account: str | None = Field(default=None, description="Slurm account")
+    qos: str | None = Field(default=None, description="Slurm quality of service (or comma list)")
+    slurm_extra: list[str] = Field(default_factory=list, max_length=64,
+                                   description="extra #SBATCH options, each one --key or --key=value")
+    sampler_rate_hz: float = Field(default=20.0, gt=0, le=10_000, allow_inf_nan=False)
     memory_check: Literal["reject", "warn"] = Field(
         default="reject",
         description="a run the memory model predicts not to fit: reject it, or launch it with a warning",
     )
+
+    @field_validator("partition", "qos")
+    @classmethod
+    def _slurm_name_list(cls, v: str | None) -> str | None:
+        return None if v is None else check_name("Slurm name", v, allow_list=True)
+
+    @field_validator("account")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        return None if v is None else check_name("Slurm account", v)
+
+    @field_validator("slurm_extra")
+    @classmethod
+    def _slurm_options(cls, v: list[str]) -> list[str]:
+        for i, opt in enumerate(v):
+            check_option(f"item {i}", opt)
+        return v
 
 
 class SweepSpec(BaseModel):
@@ -131,7 +166,41 @@ def _group_settings(group: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*lists)]
 
 
-def _resolve_variant(name: str, variants: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+def _group_size(group: dict[str, Any]) -> int:
+    """How many settings a grid group stands for, from its lists' lengths alone (nothing is built).
+
+    A malformed group counts 1 here; :func:`_group_settings` names its problem."""
+    if set(group) == {"cases"}:
+        return len(group["cases"]) if isinstance(group["cases"], list) else 1
+    if set(group) == {"zip"}:
+        axes = group["zip"]
+        lists = [v for v in axes.values() if isinstance(v, list)] if isinstance(axes, dict) else []
+        return max((len(v) for v in lists), default=1)
+    if "cases" in group or "zip" in group:
+        return 1
+    return math.prod(len(v) if isinstance(v, list) else 1 for v in group.values())
+
+
+def grid_size(spec: SweepSpec) -> int:
+    """Points of ``spec``'s grid (the product of its groups' sizes), counted before expansion."""
+    return math.prod(_group_size(g) for g in spec.grid)
+
+
+def check_grid_size(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> int:
+    """The grid's point count; a :class:`SpecError` naming the number when it exceeds ``max_points``."""
+    n = grid_size(spec)
+    if n > max_points:
+        raise SpecError(f"grid: {n:,} points, over the limit of {max_points:,}; split the sweep into smaller ones "
+                        "or raise the limit with --max-points")
+    return n
+
+
+def _resolve_variant(name: str, variants: dict[str, Any], seen: tuple[str, ...] = (),
+                     memo: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The settings of variant ``name``, composed from the variants it names (each resolved once)."""
+    memo = {} if memo is None else memo
+    if name in memo:
+        return memo[name]
     if name not in variants:
         known = ", ".join(sorted(variants)) or "none defined"
         raise SpecError(f"unknown variant {name!r}; define it under `variants:` (known: {known})")
@@ -142,13 +211,14 @@ def _resolve_variant(name: str, variants: dict[str, Any], seen: tuple[str, ...] 
     out: dict[str, Any] = {}
     for part in parts:
         if isinstance(part, str):
-            out.update(_resolve_variant(part, variants, (*seen, name)))
+            out.update(_resolve_variant(part, variants, (*seen, name), memo))
         elif isinstance(part, dict):
             out.update(part)
         elif part is None:
             continue
         else:
             raise SpecError(f"variant {name!r}: expected a mapping of settings or names of other variants")
+    memo[name] = out
     return out
 
 
@@ -165,9 +235,13 @@ class ExpandedRun(BaseModel):
     error: str | None = None
 
 
-def expand(spec: SweepSpec) -> list[ExpandedRun]:
-    """Every grid point of ``spec`` in order, merged onto ``base`` and validated as a RunConfig."""
+def expand(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> list[ExpandedRun]:
+    """Every grid point of ``spec`` in order, merged onto ``base`` and validated as a RunConfig.
+
+    A grid of more than ``max_points`` points is refused (:class:`SpecError`) before it is built."""
+    check_grid_size(spec, max_points)
     groups = [_group_settings(g, f"grid[{i}]") for i, g in enumerate(spec.grid)] or [[{}]]
+    memo: dict[str, dict[str, Any]] = {}
     runs: list[ExpandedRun] = []
     for index, combo in enumerate(itertools.product(*groups)):
         settings: dict[str, Any] = {}
@@ -177,46 +251,51 @@ def expand(spec: SweepSpec) -> list[ExpandedRun]:
         raw = copy.deepcopy(spec.base)
         apply_settings(raw, settings)
         if variant is not None:
-            apply_settings(raw, _resolve_variant(str(variant), spec.variants))
+            apply_settings(raw, _resolve_variant(str(variant), spec.variants, memo=memo))
             settings["variant"] = variant
         raw.setdefault("name", spec.name)
         try:
             config = RunConfig.model_validate(raw)
             error = None
         except ValidationError as exc:
-            config, error = None, _pydantic_message(exc)
+            config, error = None, pydantic_message(exc)
         except (KeyError, ValueError) as exc:
             config, error = None, str(exc).strip("'\"")
         runs.append(ExpandedRun(index=index, settings=settings, variant=variant, raw=raw, config=config, error=error))
     return runs
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+def pydantic_message(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
         loc = ".".join(str(x) for x in e["loc"])
-        parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+        msg = re.sub(r"\s+", " ", e["msg"])  # one line, whatever the validator wrote
+        parts.append(f"{shown(loc)}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 
 def load_sweep_spec(path: str | Path) -> SweepSpec:
-    """Read and check a sweep spec file; errors name the file and the problem."""
+    """Read and check a sweep spec file; errors name the file and the problem, on one line.
+
+    The file is read within the bounds of :mod:`powertrain.spec.bounds` (size, encoding, aliases)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"spec file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path} is not valid YAML: {exc}") from None
-    return parse_sweep_spec(raw, source=str(path))
+        raw = load_spec_yaml(path)
+    except SpecFileError as exc:
+        raise SpecError(str(exc)) from None
+    return parse_sweep_spec(raw, source=shown(path))
 
 
 def parse_sweep_spec(raw: Any, source: str = "spec") -> SweepSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping with keys name, base, grid, variants, launch")
+    found = control_char_field(raw, skip=frozenset({"description"}))
+    if found:
+        raise SpecError(f"{source}: {found[0]} holds {found[1]}, which no spec value may hold "
+                        "(a value that reaches a batch script would start a new command)")
     if "grid" not in raw and "model" in raw:  # a single-run spec is a sweep of one
         raw = {"name": str(raw.get("name", Path(source).stem)).replace(" ", "-"), "base": raw}
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(f"{source}: {_pydantic_message(exc)}") from None
+        raise SpecError(f"{source}: {pydantic_message(exc)}") from None

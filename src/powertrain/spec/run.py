@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrain.spec.bounds import SpecFileError, control_char_field, load_spec_yaml, shown
 from powertrain.spec.layout import Layout
 from powertrain.spec.model import ModelConfig, get_model
 
@@ -102,6 +102,15 @@ class RunConfig(BaseModel):
     data: Data = Data()
     profile: ProfilerOptions = ProfilerOptions()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_control_chars(cls, v: Any) -> Any:
+        """A newline or NUL in any key or value is refused, naming the field (see spec.bounds)."""
+        found = control_char_field(v)
+        if found:
+            raise ValueError(f"{found[0]} holds {found[1]}, which no configuration value may hold")
+        return v
+
     @field_validator("model", mode="before")
     @classmethod
     def _model_by_name(cls, v: Any) -> Any:
@@ -113,14 +122,17 @@ class RunConfig(BaseModel):
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """Read a single-run YAML spec (keys as in :class:`RunConfig`)."""
+    """Read a single-run YAML spec (keys as in :class:`RunConfig`).
+
+    The file is read within :mod:`powertrain.spec.bounds` (size, encoding, alias expansion); a
+    missing file raises ``FileNotFoundError``, every other refusal a ``ValueError`` of one line."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"spec file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    if not path.exists() and not path.is_symlink():
+        raise FileNotFoundError(f"spec file {shown(path)} does not exist")
+    raw = load_spec_yaml(path)
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping with keys model, layout, knobs, hardware, protocol")
+        raise SpecFileError(f"{shown(path)}: expected a mapping with keys model, layout, knobs, hardware, protocol")
+    found = control_char_field(raw)
+    if found:
+        raise SpecFileError(f"{shown(path)}: {found[0]} holds {found[1]}, which no configuration value may hold")
     return RunConfig.model_validate(raw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from powertrain.hardware.catalog import UnknownDeviceError, get_device, is_cpu_name
 from powertrain.spec.run import RunConfig
 
 
@@ -191,7 +192,22 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
     return out
 
 
-RULES: list[Rule] = [rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch, rule_supported]
+def rule_device(cfg: RunConfig) -> list[Violation]:
+    """``hardware.device`` must be ``cpu`` or a catalog name or alias (user catalogs included)."""
+    name = cfg.hardware.device
+    if is_cpu_name(name):
+        return []
+    try:
+        get_device(name)
+    except UnknownDeviceError as exc:
+        near = f"closest: {', '.join(exc.closest)}" if exc.closest else "no close catalog name"
+        return [Violation("unknown_device", f"hardware.device {name!r} is not in the hardware catalog ({near})",
+                          "use a catalog name, add the device in a hardware YAML (--hardware / "
+                          "$POWERTRAIN_HARDWARE), or use cpu")]
+    return []
+
+
+RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch, rule_supported]
 
 
 def validate(cfg: RunConfig) -> list[Violation]:
