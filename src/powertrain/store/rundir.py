@@ -11,6 +11,10 @@
 
 Statuses: ``running`` → ``ok`` | ``failed`` (with ``reason``). A run whose ``run.json`` still says
 ``running`` but whose owner process is gone is reported as failed by :meth:`RunDir.effective_status`.
+
+File modes (one policy, docs/reliability.md): run directories and their folders ``0750``, files
+``0640`` — JSON and Parquet alike — each narrowed by the user's umask when it is stricter
+(:func:`file_mode`, :func:`dir_mode`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,56 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from powertrain.store.validate import DamagedRun, parse_run_json
+
 STATUSES = ("running", "ok", "failed")
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``/proc``); set-and-restore where /proc lacks it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # not thread-safe, hence only the fallback
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode of every file powertrain writes into a run: 0640, or stricter where the umask is."""
+    return FILE_MODE & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of every folder powertrain creates for a run: 0750, or stricter where the umask is."""
+    return DIR_MODE & ~current_umask()
+
+
+def set_file_mode(path: str | os.PathLike[str]) -> None:
+    """Give a file powertrain wrote the policy's mode (call before renaming it into place)."""
+    os.chmod(path, file_mode())
+
+
+def make_dir(path: str | os.PathLike[str]) -> Path:
+    """Create a folder (and missing parents) with the policy's mode; an existing folder is left as it is."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(mode=0o700)
+    except FileExistsError:
+        if not p.is_dir():
+            raise
+        return p
+    os.chmod(p, dir_mode())
+    return p
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -31,6 +84,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=False, default=str)
             f.write("\n")
@@ -92,7 +146,7 @@ class RunDir:
 
     def create(self) -> RunDir:
         for d in (self.path, self.telemetry_dir, self.events_dir, self.logs_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dir(d)
         return self
 
     def exists(self) -> bool:
@@ -104,7 +158,10 @@ class RunDir:
                 f"{self.path} is not a run directory (no run.json). "
                 "Point at a folder written by `powertrain monitor`, `run`, `sweep` or `import`."
             )
-        return read_json(self.run_json)
+        info, problems = parse_run_json(self.run_json)
+        if info is None:
+            raise DamagedRun(self.path, problems)
+        return info
 
     def write(self, info: dict[str, Any]) -> None:
         write_json_atomic(self.run_json, info)

@@ -1,0 +1,207 @@
+"""One check of a run directory before anything reads it: ``run.json`` and every Parquet file's schema.
+
+Every reader of run directories (``summarize``, ``report``, ``trace``, ``compare``, ``calibrate``, the
+API) goes through :func:`validate_run` / :func:`check_run`, so a damaged run is reported the same way
+everywhere, in one line::
+
+    runs/x: telemetry/node0.parquet: not a Parquet file (truncated or garbage: Parquet magic bytes not found …)
+
+What counts as damage (each is a :class:`Problem`):
+
+* ``run.json`` unreadable (permissions, a directory in its place), not UTF-8, not JSON, not a JSON
+  object, or a known key of the wrong type (``status`` not one of running / ok / failed, ``devices``
+  not a list, ``config`` not an object, …);
+* a finished ``telemetry/*.parquet`` or ``events/*.parquet`` that cannot be opened (truncated,
+  garbage, unreadable) or whose schema lacks a column of the table contract
+  (:data:`powertrain.schema.TELEMETRY_SCHEMA` / ``EVENTS_SCHEMA``) or has it with a type that does
+  not convert;
+* a segment of an unfinished stream (``*.parts/seg-*.parquet``) with a wrong schema. A segment that
+  cannot be opened is *not* damage: the writer renames only complete files, so a torn segment is the
+  expected trace of a ``kill -9`` and readers skip it;
+* a prediction without a readable ``summary.json`` (its summary is its data).
+
+Only the Parquet footers are read (cheap: no row data), so checking a long run costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+
+RUN_STATUSES = ("running", "ok", "failed")
+
+# known run.json keys and the JSON types their readers expect (None is always allowed)
+_KEY_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "kind": (str,), "name": (str,), "reason": (str,),
+    "config": (dict,), "owner": (dict,), "window": (dict,), "data_quality": (dict,), "import": (dict,),
+    "measured_window": (dict,),
+    "devices": (list,), "hosts": (list,), "fields_supported": (list,), "rank_map": (list,), "ranks": (list,),
+    "incidents": (list,), "telemetry_notes": (list,), "not_measured": (list,),
+    "start_ns": (int,), "end_ns": (int,),
+}
+_TYPE_WORDS = {str: "a string", dict: "an object", list: "a list", int: "an integer"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one file of a run directory (``file`` relative to the run)."""
+
+    file: str
+    problem: str
+
+    def line(self, run: str | os.PathLike[str]) -> str:
+        return f"{run}: {self.file}: {self.problem}"
+
+
+class DamagedRun(ValueError):
+    """A run directory that cannot be read as one; ``str()`` is ``RUN: file: problem`` (one line)."""
+
+    def __init__(self, run: str | os.PathLike[str], problems: list[Problem]) -> None:
+        self.run = str(run)
+        self.problems = list(problems)
+        first = self.problems[0].line(self.run) if self.problems else f"{self.run}: damaged"
+        more = f" (and {len(self.problems) - 1} more problem(s))" if len(self.problems) > 1 else ""
+        super().__init__(first + more)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _os_problem(exc: OSError) -> str:
+    return f"unreadable ({_one_line(exc.strerror or str(exc))})"
+
+
+def parse_run_json(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
+    """``run.json`` of a run as a dict, or ``None`` with the problems that make it unreadable."""
+    name = "run.json"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [Problem(name, _os_problem(exc))]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [Problem(name, f"not UTF-8 text (byte {exc.start})")]
+    if not text.strip():
+        return None, [Problem(name, "empty file")]
+    try:
+        info = json.loads(text)
+    except ValueError as exc:
+        return None, [Problem(name, f"not JSON ({_one_line(str(exc))})")]
+    if not isinstance(info, dict):
+        return None, [Problem(name, f"not a JSON object (a {type(info).__name__})")]
+    problems = []
+    for key, types in _KEY_TYPES.items():
+        v = info.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, types) or (int in types and isinstance(v, bool)):
+            problems.append(Problem(name, f"{key} is {type(v).__name__} {_one_line(repr(v), 40)}, expected "
+                                          f"{_TYPE_WORDS[types[0]]}"))
+    status = info.get("status")
+    if isinstance(status, str) and status not in RUN_STATUSES:
+        problems.append(Problem(name, f"status {status!r} is not one of {', '.join(RUN_STATUSES)}"))
+    return (None if problems else info), problems
+
+
+def _schema_problem(schema: pa.Schema, want: pa.Schema) -> str | None:
+    missing = [f.name for f in want if f.name not in schema.names]
+    if missing:
+        return f"wrong schema: no column {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"
+    for f in want:
+        got = schema.field(f.name).type
+        if got == f.type:
+            continue
+        try:
+            pa.array([], type=got).cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return f"wrong schema: column {f.name} is {got}, expected {f.type}"
+    return None
+
+
+def parquet_problem(path: Path, want: pa.Schema) -> tuple[str | None, bool]:
+    """(problem, opened): why ``path`` is not a readable Parquet file of schema ``want`` (None if fine)."""
+    if path.is_dir():
+        return "unreadable (a directory, expected a Parquet file)", False
+    try:
+        schema = pq.read_schema(path)
+    except OSError as exc:
+        if exc.errno is not None:
+            return _os_problem(exc), False
+        return f"not a Parquet file (truncated or garbage: {_one_line(str(exc), 100)})", False
+    except (pa.ArrowInvalid, pa.ArrowException) as exc:
+        return f"not a Parquet file (truncated or garbage: {_one_line(str(exc), 100)})", False
+    return _schema_problem(schema, want), True
+
+
+def _streams(run: Path) -> Iterator[tuple[Path, pa.Schema, bool]]:
+    """(file, schema, is_segment) for every Parquet file the readers would open."""
+    for sub, schema in (("telemetry", TELEMETRY_SCHEMA), ("events", EVENTS_SCHEMA)):
+        folder = run / sub
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.glob("*.parquet")):
+            yield p, schema, False
+        for parts in sorted(folder.glob("*.parts")):
+            for p in sorted(parts.glob("seg-*.parquet")):
+                yield p, schema, True
+
+
+def validate_run(path: str | os.PathLike[str]) -> list[Problem]:
+    """Everything wrong with the run directory ``path`` (empty list: readable). See the module doc.
+
+    A folder without ``run.json`` is not a run directory at all: that is a ``FileNotFoundError``
+    from :meth:`powertrain.store.RunDir.read`, not a problem listed here.
+    """
+    run = Path(path)
+    if not (run / "run.json").exists() and not (run / "run.json").is_symlink():
+        raise FileNotFoundError(f"{run} is not a run directory (no run.json)")
+    problems: list[Problem] = []
+    info, bad = parse_run_json(run / "run.json")
+    problems += bad
+    for sub in ("telemetry", "events"):
+        p = run / sub
+        if p.exists() and not p.is_dir():
+            problems.append(Problem(sub, "not a directory"))
+        elif p.is_dir() and not os.access(p, os.R_OK | os.X_OK):
+            problems.append(Problem(sub + "/", "unreadable (permission denied)"))
+    for file, schema, segment in _streams(run):
+        why, opened = parquet_problem(file, schema)
+        if why is not None and (opened or not segment):
+            problems.append(Problem(str(file.relative_to(run)), why))
+    if info is not None and info.get("kind") == "prediction":
+        _, bad_summary = _json_object(run / "summary.json", "summary.json")
+        problems += bad_summary
+    return problems
+
+
+def _json_object(path: Path, name: str) -> tuple[dict[str, Any] | None, list[Problem]]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None, [Problem(name, "missing")]
+    except OSError as exc:
+        return None, [Problem(name, _os_problem(exc))]
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, [Problem(name, f"not JSON ({_one_line(str(exc))})")]
+    if not isinstance(data, dict):
+        return None, [Problem(name, f"not a JSON object (a {type(data).__name__})")]
+    return data, []
+
+
+def check_run(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`DamagedRun` (``RUN: file: problem``) when :func:`validate_run` finds anything."""
+    problems = validate_run(path)
+    if problems:
+        raise DamagedRun(path, problems)
