@@ -13,6 +13,7 @@ yet) · ``running``. Predictions are rows whose ``kind`` is ``prediction``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import pyarrow.parquet as pq
 
 from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.analyze.summary import load_summary
-from powertrain.store.rundir import read_json
+from powertrain.store.rundir import read_json, set_file_mode
+from powertrain.store.validate import DamagedRun
 
 SWEEP_STATUSES = ("ok", "failed", "oom", "rejected", "unsupported", "duplicate", "not-run", "running")
 # the sweep runner's "planned" (not launched yet) is "not-run" here
@@ -84,8 +86,14 @@ def layout_label(row: dict[str, Any]) -> str:
     return label
 
 
-def load_sweep(path: str | Path, *, refresh: bool = False) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """(rows of the sweep table, {run id: summary}) for a sweep folder."""
+def load_sweep(path: str | Path, *, refresh: bool = False, damaged: list[str] | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(rows of the sweep table, {run id: summary}) for a sweep folder.
+
+    A damaged run directory (:class:`powertrain.store.validate.DamagedRun`) raises, unless a
+    ``damaged`` list is given: then its one line (``RUN: file: problem``) goes there and the run is
+    left out of the table (the caller reports the count).
+    """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist")
@@ -102,7 +110,13 @@ def load_sweep(path: str | Path, *, refresh: bool = False) -> tuple[list[dict[st
     for rid in order:
         e = entries.get(rid, {})
         if rid in folders:
-            summ = load_summary(folders[rid], refresh=refresh)
+            try:
+                summ = load_summary(folders[rid], refresh=refresh)
+            except DamagedRun as exc:
+                if damaged is None:
+                    raise
+                damaged.append(str(exc))
+                continue
             summaries[rid] = summ
             status = summ.get("status")
             # The runner may know better (it saw the OOM); it never downgrades a finished ok run.
@@ -151,12 +165,28 @@ def sweep_table(rows: list[dict[str, Any]]) -> pa.Table:
                                  for f in table.schema]))
 
 
-def summarize_sweep(path: str | Path, *, write: bool = True, refresh: bool = False) -> pa.Table:
-    """The sweep table of ``path``; writes ``summary.parquet`` (and each run's ``summary.json``)."""
-    rows, _ = load_sweep(path, refresh=refresh)
+def write_sweep_table(path: str | Path, table: pa.Table) -> Path:
+    """Write ``<sweep>/summary.parquet`` atomically (temporary file removed on every error path)."""
+    final = Path(path) / "summary.parquet"
+    if final.is_symlink() or (final.exists() and not final.is_file()):
+        raise ValueError(f"{final}: not a file written by powertrain (a link or a folder); it is never replaced")
+    tmp = Path(path) / f".summary.parquet.{os.getpid()}.tmp"
+    try:
+        pq.write_table(table, tmp)
+        set_file_mode(tmp)
+        tmp.replace(final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def summarize_sweep(path: str | Path, *, write: bool = True, refresh: bool = False,
+                    damaged: list[str] | None = None) -> pa.Table:
+    """The sweep table of ``path``; writes ``summary.parquet`` (and each run's ``summary.json``).
+
+    ``damaged``: see :func:`load_sweep` (collect damaged runs' lines there and go on)."""
+    rows, _ = load_sweep(path, refresh=refresh, damaged=damaged)
     table = sweep_table(rows)
     if write:
-        tmp = Path(path) / ".summary.parquet.tmp"
-        pq.write_table(table, tmp)
-        tmp.replace(Path(path) / "summary.parquet")
+        write_sweep_table(path, table)
     return table

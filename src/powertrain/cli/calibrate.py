@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +21,8 @@ def calibrate_cmd(
     base: Annotated[str, typer.Option("--base", help="Profile to start from.")] = "default",
     params: Annotated[str | None, typer.Option("--params", help="Comma-separated coefficients to fit (default: GEMM efficiency, per-layer overhead, intra-node link efficiency).")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="Write the profile YAML here instead of the user profile folder.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing profile of that name (never any other "
+                                                        "file).")] = False,
 ) -> None:
     """Fit the model's efficiency, overlap and power coefficients to measured runs and store them.
 
@@ -30,20 +32,26 @@ def calibrate_cmd(
     `powertrain predict SPEC --profile NAME`.
 
     Example: powertrain calibrate results/cpu-sweep --name cpu-laptop
+
+    NAME is a plain name (no path separators, not . or ..); an existing profile is replaced only with
+    --force. In a sweep folder, a damaged run is skipped with one line (exit code 1 at the end).
     """
-    from powertrain.predict.calibrate import collect_runs, fit_calibration
+    from powertrain.cli.summarize import skipped_exit
+    from powertrain.predict.calibrate import fit_calibration
     from powertrain.predict.calibration import save_calibration
 
+    damaged: list[str] = []
     try:
-        measured = collect_runs(runs)
+        path = _profile_target(name, output, force)
+        measured = _collect(runs, damaged)
         if not measured:
             raise ValueError("no measured runs found (predictions and failed runs are skipped)")
         cal = fit_calibration(measured, name=name, base=base,
                               params=[p.strip() for p in params.split(",")] if params else None)
-    except (FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
-    path = save_calibration(cal, output)
+    path = save_calibration(cal, path)
     e = cal.error
     out.print(f"fitted {', '.join(e['fitted'])} on {e['n_runs']} runs: step-time MAPE "
               f"{e['step_time_mape_before']:.1%} → {e['step_time_mape']:.1%}")
@@ -53,3 +61,55 @@ def calibrate_cmd(
         out.print(f"host probe kept for {rec['threads']}-thread ranks: fp32 matmul {rec['matmul_flops'] / 1e9:.1f} GFLOP/s, "
                   f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
     out.print(f"profile {cal.name!r} written to {path}")
+    skipped_exit(damaged)
+
+
+def _profile_target(name: str, output: Path | None, force: bool) -> Path:
+    """Where the profile goes; refuses a name that is no plain name, and an existing file unless --force
+    and it is a profile (``WriteRefused``, a ValueError)."""
+    from powertrain.predict.calibration import user_calibration_dir
+    from powertrain.store.targets import check_name, check_output_file
+
+    check_name(name, "--name")
+    target = output if output is not None else user_calibration_dir() / f"{name}.yaml"
+    return check_output_file(target, "calibration profile", force=force, same_kind=_is_profile,
+                             option="--output" if output is not None else "--name")
+
+
+def _is_profile(path: Path) -> bool:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and "coefficients" in raw and "name" in raw
+
+
+def _collect(paths: list[Path], damaged: list[str]) -> list[Any]:
+    """``collect_runs`` of ``paths``, with each sweep folder's damaged runs left out (their lines go to
+    ``damaged``); a damaged run given by itself raises :class:`powertrain.store.validate.DamagedRun`.
+    As in ``collect_runs``, a folder's runs that are not measured ones (failed, predictions) are skipped."""
+    from powertrain.predict.calibrate import collect_runs
+    from powertrain.store.validate import DamagedRun, check_run
+
+    measured: list[Any] = []
+    for p in paths:
+        found = sorted(c for c in p.iterdir() if (c / "run.json").is_file()) \
+            if p.is_dir() and not (p / "run.json").is_file() else []
+        if not found:  # a run directory, or something collect_runs names as neither
+            if (p / "run.json").is_file():
+                check_run(p)
+            measured += collect_runs([p])
+            continue
+        for d in found:
+            try:
+                check_run(d)
+            except DamagedRun as exc:
+                damaged.append(str(exc))
+                continue
+            try:
+                measured += collect_runs([d])
+            except ValueError:
+                continue
+    return measured

@@ -74,8 +74,8 @@ def compare(
             raise typer.Exit(2)
     try:
         res = do_compare(a, b, keep_null=all_metrics)
-    except (ValueError, FileNotFoundError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+    except (ValueError, OSError) as exc:  # a damaged run is a DamagedRun (ValueError): RUN: file: problem
+        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(res, default=str))

@@ -20,6 +20,8 @@ def report(
     output: Annotated[Path | None, typer.Option("-o", "--out", help="Output folder (default: PATH/report).")] = None,
     formats: Annotated[str, typer.Option("--formats", help="Figure files to write besides the HTML: "
                                                            "comma list of png, svg, pdf.")] = "png,svg,pdf",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing report folder given with --out "
+                                                        "(never anything else).")] = False,
 ) -> None:
     """Write [bold]report.html[/] — one page, figures embedded, opens with no network — and
     [bold]figures/[/] (PNG, SVG, PDF).
@@ -35,6 +37,10 @@ def report(
       powertrain report results/cpu-sweep
 
       powertrain report runs/dp2 --out out/dp2-report --formats png
+
+    The default folder PATH/report is rewritten each time; an existing --out folder is replaced only
+    with --force and only when it holds a report. In a sweep, a damaged run is skipped with one line
+    (the report covers the others; exit code 1).
     """
     from powertrain.report import build_report
 
@@ -43,10 +49,14 @@ def report(
     if bad:
         err.print(f"[red]error:[/] unknown figure format(s) {', '.join(bad)}; use png, svg, pdf")
         raise typer.Exit(2)
+    from powertrain.cli.summarize import skipped_exit
+
+    damaged: list[str] = []
     try:
         with err.status(f"building the report of {path} …"):
-            html_path = build_report(path, output, fmts or ("png",))
-    except FileNotFoundError as exc:
-        err.print(f"[red]error:[/] {exc}")
+            html_path = build_report(path, output, fmts or ("png",), force=force, damaged=damaged)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:  # DamagedRun, WriteRefused
+        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
     out.print(str(html_path))
+    skipped_exit(damaged)

@@ -125,10 +125,11 @@ def summarize(
     if not path.exists():
         err.print(f"[red]error:[/] {path} does not exist")
         raise typer.Exit(2)
+    damaged: list[str] = []
     try:
         if is_sweep_dir(path):
             with err.status(f"summarizing the runs of {path} …"):
-                table = summarize_sweep(path, refresh=refresh)
+                table = summarize_sweep(path, refresh=refresh, damaged=damaged)
             if not quiet:
                 print_sweep_table(table.to_pylist(), show_all=show_all)
             out.print(str(path / "summary.parquet"))
@@ -137,6 +138,22 @@ def summarize(
             if not quiet:
                 print_run_summary(summ, show_all=show_all)
             out.print(str(path / "summary.json"))
-    except FileNotFoundError as exc:
-        err.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:  # DamagedRun is a ValueError
+        _error_line(exc)
         raise typer.Exit(2) from None
+    skipped_exit(damaged)
+
+
+def _error_line(exc: BaseException) -> None:
+    """One line on stderr, the message as it is (no markup read from paths or file contents)."""
+    err.print(f"error: {exc}", markup=False, highlight=False, style="red")
+
+
+def skipped_exit(damaged: list[str]) -> None:
+    """Sweeps: one line per damaged run left out, then the count and exit code 1 (nothing when none)."""
+    if not damaged:
+        return
+    for line in damaged:
+        err.print(f"skipped damaged run: {line}", markup=False, highlight=False, style="yellow")
+    err.print(f"{len(damaged)} damaged run(s) skipped", markup=False, highlight=False, style="yellow")
+    raise typer.Exit(1)

@@ -21,6 +21,8 @@ def trace(
     max_points: Annotated[int, typer.Option("--max-points", min=10,
                                             help="Most samples per counter track; longer runs are bucketed "
                                                  "(means).")] = 20_000,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing trace file (never any other file).")
+                     ] = False,
 ) -> None:
     """Write a Chrome/Perfetto trace: one counter track per device and measured field (power,
     temperature, clocks, …; counters as rates), one slice track per rank (steps and their phases),
@@ -35,6 +37,10 @@ def trace(
     if not (path / "run.json").is_file():
         err.print(f"[red]error:[/] {path} is not a run directory (no run.json); for a sweep, pass one of its runs")
         raise typer.Exit(2)
-    counts = export_trace(path, output, max_points=max_points)
+    try:
+        counts = export_trace(path, output, max_points=max_points, force=force)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:  # DamagedRun, WriteRefused
+        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
+        raise typer.Exit(2) from None
     err.print(f"{counts.get('C', 0)} counter samples, {counts.get('X', 0)} slices")
     out.print(str(output))

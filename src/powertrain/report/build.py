@@ -20,7 +20,10 @@ import datetime as dt
 import html
 import io
 import json
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -36,8 +39,10 @@ from powertrain.analyze import steps as steps_mod
 from powertrain.analyze import telemetry as tel
 from powertrain.analyze.metrics import METRICS
 from powertrain.report import figures as F
-from powertrain.store.rundir import RunDir
+from powertrain.store.rundir import RunDir, dir_mode, file_mode
 from powertrain.store.tables import read_events
+from powertrain.store.targets import check_output_folder
+from powertrain.store.validate import check_run
 
 TIMELINE_FIELDS = ("power_w", "temp_c", "clock_sm_mhz", "util_pct", "cpu_util_pct", "mem_used_bytes",
                    "cgroup_mem_bytes")
@@ -99,8 +104,11 @@ class Report:
                             generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
         path = self.out / "report.html"
         tmp = path.with_suffix(".html.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(path)
+        try:
+            tmp.write_text(page, encoding="utf-8")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
 
@@ -408,15 +416,13 @@ def _efficiency(rows: list[dict[str, Any]]) -> tuple[str, str]:
     return "tokens_per_j", "tokens/J"
 
 
-def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) -> Path:
-    from powertrain.analyze.sweep import sweep_table
+def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS,
+                       damaged: list[str] | None = None) -> Path:
+    """``damaged``: collect a damaged run's one-line problem there and go on (else it raises)."""
+    from powertrain.analyze.sweep import sweep_table, write_sweep_table
 
-    rows, summaries = load_sweep(path)
-    tmp = path / ".summary.parquet.tmp"
-    import pyarrow.parquet as pq
-
-    pq.write_table(sweep_table(rows), tmp)
-    tmp.replace(path / "summary.parquet")
+    rows, summaries = load_sweep(path, damaged=damaged)
+    write_sweep_table(path, sweep_table(rows))
     rep = Report(out, f"powertrain sweep report — {path.name}", formats)
     _sweep_header(rep, path, rows)
     fig_rows = [r for r in rows if r["status"] != "duplicate"]  # a duplicate is another run's twin: listed above
@@ -671,23 +677,63 @@ def _safe(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text)
 
 
-def build_report(path: str | Path, out: str | Path | None = None, formats: tuple[str, ...] = FORMATS) -> Path:
+def is_report_folder(p: Path) -> bool:
+    """A folder ``build_report`` wrote: ``report.html`` and ``figures/`` (PNG, SVG, PDF) only."""
+    names = {c.name for c in p.iterdir() if not c.name.startswith(".")}
+    if not names or not names <= {"report.html", "figures"}:
+        return False
+    fig = p / "figures"
+    return not fig.exists() or (fig.is_dir() and all(f.suffix in (".png", ".svg", ".pdf") for f in fig.iterdir()))
+
+
+def build_report(path: str | Path, out: str | Path | None = None, formats: tuple[str, ...] = FORMATS, *,
+                 force: bool = False, damaged: list[str] | None = None) -> Path:
     """Write ``report.html`` (self-contained) and ``figures/*`` for a run or sweep; returns the HTML path.
 
-    ``out`` defaults to ``<path>/report``.
+    ``out`` defaults to ``<path>/report``, which is rewritten each time (the command's own folder); an
+    ``out`` that exists is replaced only with ``force`` and only when it holds a report (never a run's
+    files). The report is built in a hidden sibling folder and renamed into place, so a failure leaves
+    neither an empty folder nor temporary files. ``damaged`` (sweeps): see :func:`build_sweep_report`.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     out_dir = Path(out) if out else path / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (path / "run.json").is_file():
-        return build_run_report(path, out_dir, formats)
-    if is_sweep_dir(path):
-        return build_sweep_report(path, out_dir, formats)
-    raise FileNotFoundError(
-        f"{path} is neither a run directory (no run.json) nor a sweep folder (no sweep.json and no subfolder "
-        "with a run.json)")
+    check_output_folder(out_dir, "report", force=force or out is None, same_kind=is_report_folder)
+    is_run = (path / "run.json").is_file()
+    if is_run:
+        check_run(path)
+    elif not is_sweep_dir(path):
+        raise FileNotFoundError(
+            f"{path} is neither a run directory (no run.json) nor a sweep folder (no sweep.json and no subfolder "
+            "with a run.json)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.building-"))
+    try:
+        if is_run:
+            build_run_report(path, staging, formats)
+        else:
+            build_sweep_report(path, staging, formats, damaged)
+        _into_place(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir / "report.html"
+
+
+def _into_place(staging: Path, out_dir: Path) -> None:
+    """Give the built report the mode policy's modes, then swap it in for ``out_dir`` (old one removed)."""
+    for root, _dirs, files in os.walk(staging):
+        os.chmod(root, dir_mode())
+        for f in files:
+            os.chmod(os.path.join(root, f), file_mode())
+    old = None
+    if out_dir.is_dir():
+        old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
+        os.rename(out_dir, old / "report")
+    os.rename(staging, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 _PAGE = """<!DOCTYPE html>

@@ -22,6 +22,8 @@ DuckDB from the Parquet files), so a trace of a long, wide run stays loadable.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,10 @@ import numpy as np
 
 from powertrain.analyze import telemetry as tel
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS
-from powertrain.store.rundir import RunDir
+from powertrain.store.rundir import RunDir, file_mode
 from powertrain.store.tables import read_events
+from powertrain.store.targets import check_output_file
+from powertrain.store.validate import check_run
 
 RANKS_PID = 1_000_000  # pid of the "ranks" process; hosts get 1, 2, …
 COMM_TID_OFFSET = 100_000
@@ -153,19 +157,43 @@ def _slices(events: Any, t0: int) -> Iterator[dict[str, Any]]:
                "args": args}
 
 
-def export_trace(run_dir: str | Path, out: str | Path, max_points: int = 20_000) -> dict[str, int]:
-    """Write the trace of ``run_dir`` to ``out`` (JSON object format); returns counts by phase type."""
+_HEADER = '{"displayTimeUnit": "ms", "otherData": {"generator": "powertrain trace"}, "traceEvents": [\n'
+
+
+def is_trace_file(path: Path) -> bool:
+    """A file :func:`export_trace` wrote (it starts with its header)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(len(_HEADER)) == _HEADER
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def export_trace(run_dir: str | Path, out: str | Path, max_points: int = 20_000, *, force: bool = False
+                 ) -> dict[str, int]:
+    """Write the trace of ``run_dir`` to ``out`` (JSON object format); returns counts by phase type.
+
+    ``out`` must be new, or (``force``) a trace written before; never a run's own file
+    (:func:`powertrain.store.targets.check_output_file`). The run is checked first
+    (:func:`powertrain.store.validate.check_run`); the temporary file is removed on every error path.
+    """
     out = Path(out)
+    check_output_file(out, "trace", force=force, same_kind=is_trace_file)
+    check_run(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
-    tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write('{"displayTimeUnit": "ms", "otherData": {"generator": "powertrain trace"}, "traceEvents": [\n')
-        first = True
-        for ev in trace_events(run_dir, max_points=max_points):
-            counts[ev["ph"]] = counts.get(ev["ph"], 0) + 1
-            f.write(("" if first else ",\n") + json.dumps(ev, allow_nan=False, separators=(",", ":")))
-            first = False
-        f.write("\n]}\n")
-    tmp.replace(out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "w") as f:
+            f.write(_HEADER)
+            first = True
+            for ev in trace_events(run_dir, max_points=max_points):
+                counts[ev["ph"]] = counts.get(ev["ph"], 0) + 1
+                f.write(("" if first else ",\n") + json.dumps(ev, allow_nan=False, separators=(",", ":")))
+                first = False
+            f.write("\n]}\n")
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return counts
