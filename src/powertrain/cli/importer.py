@@ -64,6 +64,12 @@ def import_cmd(
         help="The run's measurement window, when you know it better than the sources do: two times, each "
         "ISO-8601 (without a zone read in --tz) or epoch seconds. Written to run.json as the run's window "
         "(source \"user --window\"); energy, power and time are reported over it."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier import at --out (never a measured run "
+                               "or a prediction)."),
+    max_bytes: str = typer.Option(
+        "2GiB", "--max-bytes", metavar="N",
+        help="Size cap per source file, counted while reading (decompressed for .gz): bytes, or with a unit "
+        "KiB, MiB, GiB (default 2GiB). A source over it is refused with one line."),
 ) -> None:
     """Import GPU logs, MLPerf power logs, Zeus/Perseus outputs, training logs or profiler traces.
 
@@ -85,6 +91,7 @@ def import_cmd(
     `powertrain report` show step time, throughput and, where power was imported, energy.
     """
     anchor_ns = _anchor_ns(anchor, tz)
+    cap = _max_bytes(max_bytes)
     options: dict[str, Any] = dict(anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
                                    gpus_per_node=gpus_per_node, seq_len=seq_len, detect_events=detect, name=name,
                                    hta=hta or None, warmup_steps=warmup_steps)
@@ -92,7 +99,7 @@ def import_cmd(
         options["window_ns"] = _window_ns(window, tz)
     runs = _mlperf_runs(kind, sources, result)
     if runs is None:
-        builder, run_dir = _import(kind, sources, out, **options)
+        builder, run_dir = _import(kind, sources, out, force=force, max_bytes=cap, **options)
         _print_result(builder, run_dir)
         return
     if len(runs) > 1:
@@ -100,7 +107,7 @@ def import_cmd(
                    f"→ one run directory each under {out}")
     for run_name, run_sources in runs:
         target = out if result is not None else out / run_name
-        builder, run_dir = _import("mlperf", run_sources, target, **options)
+        builder, run_dir = _import("mlperf", run_sources, target, force=force, max_bytes=cap, **options)
         _print_result(builder, run_dir)
 
 
@@ -153,18 +160,33 @@ def _window_ns(window: str, tz: str | None) -> tuple[int, int]:
         raise _fail(exc) from None
 
 
-def _import(kind: str, sources: list[Path], out: Path, **options: Any) -> tuple[RunBuilder, Path]:
+def _max_bytes(text: str) -> int:
+    """``--max-bytes``: ``N`` bytes or ``N`` with KiB/MiB/GiB (also K/M/G, KB/MB/GB as powers of 1024)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise _fail(ValueError(f"--max-bytes {text!r}: give a positive size such as 500MiB, 2GiB or 1048576"))
+    unit = m.group(2).upper()
+    return int(float(m.group(1)) * (1024 ** ("KMGT".find(unit) + 1) if unit else 1))
+
+
+def _import(kind: str, sources: list[Path], out: Path, *, force: bool = False, max_bytes: int | None = None,
+            **options: Any) -> tuple[RunBuilder, Path]:
     """Build and write the run directory; a refused source is one red line (exit 2), a tolerated
     quirk one yellow warning line each (the importers' :class:`ImportWarning_`)."""
     from powertrain.importers import SourceFormatError, build
-    from powertrain.importers.common import ImportWarning_
+    from powertrain.importers.common import ImportWarning_, byte_cap
+    from powertrain.store.targets import check_run_target
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ImportWarning_)
         try:
-            builder = build(kind, sources, **options)
-            run_dir = builder.write(out)
-        except (SourceFormatError, FileNotFoundError, FileExistsError, ValueError, ImportError) as exc:
+            check_run_target(out.absolute(), "import", force=force)  # before reading anything
+            with byte_cap(max_bytes):
+                builder = build(kind, sources, **options)
+            run_dir = builder.write(out, force=force)
+        except (SourceFormatError, OSError, ValueError, ImportError) as exc:
             raise _fail(exc) from None
     err = Console(stderr=True, highlight=False)
     for w in caught:

@@ -12,13 +12,22 @@ An importer parses its source files into Arrow tables in memory, then hands them
 
 The directory is built in a hidden temporary sibling folder and renamed into place at the very end,
 so a failure at any point (a malformed line, a full disk, Ctrl-C) never leaves a half run directory.
+
+Every source is read through :func:`open_text` / :func:`open_binary` / :func:`read_text` /
+:func:`sha256_of`, which stop at a size cap (:data:`DEFAULT_MAX_BYTES`, 2 GiB per source, set with
+:func:`byte_cap` / ``powertrain import --max-bytes``) counted *while reading* — decompressed bytes for
+``.gz``, and bytes actually read for files whose size ``stat`` cannot tell (``/dev/zero``, pipes) —
+and at a line longer than :data:`MAX_LINE_CHARS`. Either is a :class:`SourceTooLarge` naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import hashlib
 import importlib.metadata
+import io
 import json
 import math
 import os
@@ -27,7 +36,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +47,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
-from powertrain.store.rundir import RunDir, write_json_atomic
+from powertrain.store.rundir import RunDir, dir_mode, set_file_mode, write_json_atomic
+from powertrain.store.targets import check_run_target
 
 
 class SourceFormatError(ValueError):
@@ -119,21 +129,136 @@ def parse_float(text: str) -> float | None:
 NULL_WORDS = frozenset({"n/a", "na", "not supported", "unknown", "null", "none", "nan", "-", "insufficient permissions"})
 
 
+DEFAULT_MAX_BYTES = 2 * 2**30  # per source file (decompressed), ``powertrain import --max-bytes``
+MAX_LINE_CHARS = 64 * 2**20  # one line of a text source
+_max_bytes: contextvars.ContextVar[int] = contextvars.ContextVar("powertrain_import_max_bytes",
+                                                                 default=DEFAULT_MAX_BYTES)
+
+
+class SourceTooLarge(SourceFormatError):
+    """A source over the size cap (or a line over :data:`MAX_LINE_CHARS`); names the file and the cap."""
+
+
+def _size_text(n: int) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:.4g} {unit}"
+    return f"{n} bytes"
+
+
+def max_bytes() -> int:
+    """The size cap per source now in force (bytes)."""
+    return _max_bytes.get()
+
+
+@contextlib.contextmanager
+def byte_cap(limit: int | None) -> Iterator[int]:
+    """Within the block, every source read stops at ``limit`` bytes (``None``: the default cap)."""
+    n = DEFAULT_MAX_BYTES if limit is None else int(limit)
+    if n <= 0:
+        raise ValueError(f"--max-bytes must be positive, got {n}")
+    token = _max_bytes.set(n)
+    try:
+        yield n
+    finally:
+        _max_bytes.reset(token)
+
+
+def _too_large(path: Path, read: int) -> SourceTooLarge:
+    cap = max_bytes()
+    return SourceTooLarge(path, None, f"larger than the import size cap of {_size_text(cap)} ({cap} bytes; "
+                                      f"stopped after reading {read} bytes): pass --max-bytes N to raise it")
+
+
+class _CappedReader(io.RawIOBase):
+    """A binary stream that raises :class:`SourceTooLarge` once more than the cap has been read."""
+
+    def __init__(self, raw: Any, path: Path) -> None:
+        super().__init__()
+        self._raw = raw
+        self._path = path
+        self._cap = max_bytes()
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self._raw.read(min(len(b), self._cap + 1 - self.count) or 1)
+        n = len(data)
+        b[:n] = data
+        self.count += n
+        if self.count > self._cap:
+            raise _too_large(self._path, self.count)
+        return n
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+def open_binary(path: Path) -> io.BufferedReader:
+    """Open a source as bytes (un-gzipping ``*.gz``), capped at :func:`max_bytes` while reading."""
+    if path.suffix == ".gz":
+        import gzip
+
+        raw: Any = gzip.open(path, "rb")  # noqa: SIM115 — closed by the wrapper
+    else:
+        raw = open(path, "rb")  # noqa: SIM115 — closed by the wrapper
+    return io.BufferedReader(_CappedReader(raw, path), buffer_size=1 << 20)
+
+
+class _CappedText(io.TextIOWrapper):
+    """Text over :func:`open_binary`; a line longer than :data:`MAX_LINE_CHARS` is :class:`SourceTooLarge`."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(open_binary(path), encoding="utf-8", errors="replace", newline="")
+        self._path = path
+        self._line = 0
+
+    def readline(self, size: int | None = -1, /) -> str:  # type: ignore[override]
+        limit = MAX_LINE_CHARS if size is None or size < 0 else min(size, MAX_LINE_CHARS)
+        line = super().readline(limit)
+        self._line += 1
+        if len(line) >= MAX_LINE_CHARS and not line.endswith(("\n", "\r")) and (size is None or size < 0):
+            raise SourceTooLarge(self._path, self._line, f"a line longer than {_size_text(MAX_LINE_CHARS)}: "
+                                                         "not a text log of a format powertrain reads")
+        return line
+
+    def __next__(self) -> str:  # type: ignore[override]
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def __iter__(self) -> _CappedText:  # type: ignore[override]
+        return self
+
+
+def open_text(path: Path) -> io.TextIOWrapper:
+    """Open a source as text, transparently un-gzipping ``*.gz``; capped (see the module doc)."""
+    return _CappedText(Path(path))
+
+
+def read_text(path: Path) -> str:
+    """The whole source as text (undecodable bytes replaced), capped at :func:`max_bytes`."""
+    with open_binary(Path(path)) as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_binary(Path(path)) if Path(path).suffix != ".gz" else _raw_capped(Path(path)) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
-def open_text(path: Path):
-    """Open a source as text, transparently un-gzipping ``*.gz``."""
-    if path.suffix == ".gz":
-        import gzip
-
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
-    return open(path, encoding="utf-8", errors="replace", newline="")
+def _raw_capped(path: Path) -> io.BufferedReader:
+    """The file's own bytes (a ``.gz`` not decompressed: its sha256 is of the file), capped."""
+    return io.BufferedReader(_CappedReader(open(path, "rb"), path), buffer_size=1 << 20)
 
 
 def local_zone_name() -> str:
@@ -282,7 +407,8 @@ class RunBuilder:
 
     def add_source(self, path: str | os.PathLike[str], role: str = "data") -> Path:
         p = Path(path)
-        self.sources.append(Source(str(p.resolve()), sha256_of(p), p.stat().st_size, role))
+        digest = sha256_of(p)
+        self.sources.append(Source(str(p.resolve()), digest, p.stat().st_size, role))
         return p
 
     def warn(self, message: str) -> None:
@@ -356,21 +482,31 @@ class RunBuilder:
     def events(self) -> pa.Table:
         return pa.concat_tables(self._events) if self._events else EVENTS_SCHEMA.empty_table()
 
-    def write(self, out: str | os.PathLike[str]) -> Path:
-        """Write the run directory at ``out`` atomically; refuses to overwrite an existing run."""
+    def write(self, out: str | os.PathLike[str], *, force: bool = False) -> Path:
+        """Write the run directory at ``out`` atomically; refuses to overwrite an existing run.
+
+        ``force`` replaces an earlier *import* there (never a measured run or a prediction), and
+        never a folder inside another run (:func:`powertrain.store.targets.check_run_target`)."""
         out = Path(out).absolute()
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise FileExistsError(f"{out} already exists and is not empty: choose a new --out folder")
+        check_run_target(out, "import", force=force)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.importing-"))
+        old = None
         try:
+            os.chmod(tmp, dir_mode())
             self._write_into(RunDir(tmp).create(), final_path=out)
-            if out.exists():
-                out.rmdir()  # empty (checked above); rename cannot replace a directory on every OS
+            if out.exists():  # empty, or an import replaced with force (checked above)
+                old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.replaced-"))
+                os.rename(out, old / "run")
             os.rename(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and not out.exists():
+                os.rename(old / "run", out)  # put the replaced import back
             raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         return out
 
     def _write_into(self, run: RunDir, final_path: Path) -> None:
@@ -381,6 +517,7 @@ class RunBuilder:
         for host, tables in sorted(self._telemetry.items()):
             table = pa.concat_tables(tables).sort_by([("t_ns", "ascending"), ("device", "ascending")])
             pq.write_table(table, run.telemetry_file(host), compression="zstd")
+            set_file_mode(run.telemetry_file(host))
             t = table.column("t_ns")
             lo, hi = pc.min(t).as_py(), pc.max(t).as_py()
             t_min = lo if t_min is None else min(t_min, lo)
@@ -408,6 +545,7 @@ class RunBuilder:
             sub = events.filter(pc.equal(events.column("rank"), rank))
             sub = sub.sort_by([("t_start_ns", "ascending")])
             pq.write_table(sub, run.events_file(rank), compression="zstd")
+            set_file_mode(run.events_file(rank))
             lo, hi = pc.min(sub.column("t_start_ns")).as_py(), pc.max(sub.column("t_end_ns")).as_py()
             t_min = lo if t_min is None else min(t_min, lo)
             t_max = hi if t_max is None else max(t_max, hi)

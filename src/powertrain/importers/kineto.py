@@ -27,7 +27,6 @@ needs ``pip install powertrain[kineto]``) HTA's own whole-trace figure is record
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import re
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from powertrain.importers.common import (
     SourceFormatError,
     events_table,
     mark_window,
+    open_text,
     set_job_devices,
 )
 
@@ -51,8 +51,7 @@ _COLLECTIVES = ("allreduce", "allgather", "reducescatter", "sendrecv", "broadcas
 
 def load_trace(path: Path) -> dict[str, Any]:
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
+        with open_text(path) as f:  # capped at the import size cap
             data = json.load(f)
     except json.JSONDecodeError as exc:
         raise SourceFormatError(path, exc.lineno, f"not valid JSON ({exc.msg})") from None

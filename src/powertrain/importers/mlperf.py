@@ -81,6 +81,7 @@ from powertrain.importers.common import (
     iso,
     mark_window,
     open_text,
+    read_text,
     set_job_devices,
     telemetry_table,
 )
@@ -421,7 +422,7 @@ def _timeline_events(path: Path, recs: list[tuple[int, dict[str, Any]]], run_sta
 
 def read_total(path: Path) -> float | None:
     """The submitter's energy in kWh from ``total_power.txt`` (``Total Power Usage: 415.22 kWh``)."""
-    m = re.search(r"([0-9.]+)\s*kWh", path.read_text(errors="replace"))
+    m = re.search(r"([0-9.]+)\s*kWh", read_text(path))
     return float(m.group(1)) if m else None
 
 
@@ -429,7 +430,7 @@ def read_system(path: Path) -> int | None:
     """Accelerators of the job from an MLPerf system description (``system_*.json``):
     ``number_of_nodes × accelerators_per_node``; ``None`` when either is missing or not a number."""
     try:
-        data = json.loads(path.read_text(errors="replace"))
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise SourceFormatError(path, exc.lineno, f"not valid JSON ({exc.msg})") from None
     if not isinstance(data, dict):
@@ -525,7 +526,7 @@ def _system(b: RunBuilder, others: list[Path]) -> int | None:
         if f.name.startswith("system") or (f.suffix == ".json" and f.parent.name == "systems"):
             b.add_source(f, role="system description")
             devices[f.name] = read_system(f)
-            data = json.loads(f.read_text(errors="replace"))
+            data = json.loads(read_text(f))
             apn = _number(data.get("accelerators_per_node"))
             if apn:
                 per_node.add(int(apn))

@@ -29,6 +29,7 @@ from powertrain.importers.common import (
     RunBuilder,
     SourceFormatError,
     open_text,
+    read_text,
     resolve_zone,
     telemetry_table,
 )
@@ -170,5 +171,5 @@ def import_powertraces(paths: Sequence[str | Path], tz: str | None = None, name:
             import json
 
             b.add_source(meta, role="exporter_metadata")
-            b.info.setdefault("source_metadata", {})[p.name] = json.loads(meta.read_text())
+            b.info.setdefault("source_metadata", {})[p.name] = json.loads(read_text(meta))
     return b

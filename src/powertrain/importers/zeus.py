@@ -55,6 +55,7 @@ from powertrain.importers.common import (
     iso,
     mark_window,
     open_text,
+    read_text,
     resolve_zone,
     set_job_devices,
     telemetry_table,
@@ -76,7 +77,7 @@ def sniff(path: Path) -> str | None:
         return "window"
     if low == "time,power":
         return "power"
-    if path.name.endswith(".prof.json") or (head.startswith("[") and "iter_energy" in path.read_text()[:4000]):
+    if path.name.endswith(".prof.json") or (head.startswith("[") and "iter_energy" in read_text(path)[:4000]):
         return "perseus"
     return None
 
@@ -163,7 +164,7 @@ def read_perseus(path: Path, b: RunBuilder, offset_ns: int, first_step: int = 0)
     with the pipeline flush and the optimizer step on all ranks); the iteration lasts as long as its
     slowest rank, and each rank's step event its own ``iter_time``."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise SourceFormatError(path, exc.lineno, f"not valid JSON ({exc.msg})") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) and "iter_time" in r for r in data):
@@ -244,7 +245,7 @@ def _perseus_config(x: Path, b: RunBuilder) -> None:
     info = b.info.setdefault("perseus", {})
     if x.suffix == ".json":
         try:
-            info["config"] = json.loads(x.read_text())
+            info["config"] = json.loads(read_text(x))
         except json.JSONDecodeError as exc:
             raise SourceFormatError(x, exc.lineno, f"not valid JSON ({exc.msg})") from None
         return
