@@ -92,7 +92,9 @@ def monitor(
     prometheus: Annotated[str | None, typer.Option(
         "--prometheus", metavar="[HOST:]PORT",
         help="Serve live readings for Prometheus on this port (dcgm-exporter names); HOST defaults "
-             "to 127.0.0.1, give 0.0.0.0:PORT to expose it on the network.")] = None,
+             "to 127.0.0.1, give 0.0.0.0:PORT with --prometheus-public to expose it on the network.")] = None,
+    prometheus_public: Annotated[bool, typer.Option(
+        "--prometheus-public", help="Allow --prometheus on a non-loopback address (a warning is printed).")] = False,
 ) -> None:
     """Run COMMAND under the per-node telemetry sampler and leave a run directory.
 
@@ -125,7 +127,8 @@ def monitor(
         out = Path("runs") / f"monitor-{dt.datetime.now():%Y%m%d-%H%M%S}"
     parser = None
     try:
-        _check_listen(prometheus)  # a bad value is a usage error before anything starts
+        _check_listen(prometheus, prometheus_public)  # a bad value is a usage error before anything starts
+        _check_out(out)
         task = slurm_task()
         parser = _step_parser(parse, out, seq_len, warmup_steps, task)
         kw = _run_options(rate, backends, not quiet, parser, prometheus, warmup_steps)
@@ -147,12 +150,26 @@ def monitor(
     raise typer.Exit(code if code >= 0 else 128 - code)
 
 
-def _check_listen(prometheus: str | None) -> None:
-    """``--prometheus``: a bad ``[HOST:]PORT`` raises ``ValueError``."""
+def _check_listen(prometheus: str | None, public: bool = False) -> None:
+    """``--prometheus``: a bad ``[HOST:]PORT``, or a non-loopback one without ``--prometheus-public``,
+    raises ``ValueError``; a public one prints a warning and is allowed for the sampler (environment)."""
     if prometheus:
-        from powertrain.live.prometheus import parse_listen
+        import os
 
-        parse_listen(prometheus)
+        from powertrain.live.prometheus import PUBLIC_ENV, check_public, parse_listen
+
+        addr, port = parse_listen(prometheus)
+        if check_public(addr, public):
+            os.environ[PUBLIC_ENV] = "1"  # the sampler process inherits the permission
+            err.print(f"warning: Prometheus endpoint {addr}:{port} is reachable from the network; anyone who can "
+                      "reach this host can read its telemetry", markup=False, highlight=False, style="yellow")
+
+
+def _check_out(out: Path) -> None:
+    """``--out``: a folder name (``''`` and ``.`` are refused: the current directory is no new run)."""
+    from powertrain.store.targets import check_path_text
+
+    check_path_text(out, "--out")
 
 
 def _run_options(rate: float, backends: str, echo: bool, parser: LiveStepParser | None, prometheus: str | None,

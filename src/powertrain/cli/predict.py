@@ -46,6 +46,8 @@ def predict_cmd(
     figure: Annotated[Path | None, typer.Option("--figure", help="With --study: write the cluster comparison (PNG+SVG) to this stem.")] = None,
     hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines (one object per line).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="With --out: replace earlier predictions there (never a "
+                                                        "measured or imported run).")] = False,
 ) -> None:
     """Predict memory, step time, throughput, power, energy and temperature without running anything.
 
@@ -73,7 +75,7 @@ def predict_cmd(
     results = _predict_all(configs, cal)
     elapsed = time.perf_counter() - t0
     if out_dir is not None:
-        _write_run_dirs(results, out_dir)
+        _write_run_dirs(results, out_dir, force)
     _note_fresh_probes(results, cal)
     if as_json:
         _print_json(results)
@@ -142,13 +144,32 @@ def _predict_all(configs: list[RunConfig], cal: Calibration) -> Results:
     return results
 
 
-def _write_run_dirs(results: Results, out_dir: Path) -> None:
-    """One configuration: ``out_dir`` is its run directory; several: one run directory each under it."""
-    from powertrain.predict import write_prediction
+def _write_run_dirs(results: Results, out_dir: Path, force: bool = False) -> None:
+    """One configuration: ``out_dir`` is its run directory; several: one run directory each under it.
 
-    for cfg, pred in results:
-        target = out_dir / cfg.name.replace("/", "_") if len(results) > 1 else out_dir
-        write_prediction(target, cfg, pred)
+    Every target is checked before anything is written (never over a measured run, --force only over
+    predictions; names are one path component); a refusal is one line, exit 2."""
+    from powertrain.predict import write_prediction
+    from powertrain.store.targets import WriteRefused, check_name, check_run_target
+
+    try:
+        targets = []
+        for cfg, _ in results:
+            if len(results) > 1:
+                if (out_dir / "run.json").is_file():
+                    raise WriteRefused(f"--out {out_dir}: is a run directory; several predictions need a folder "
+                                       "of their own")
+                target = out_dir / check_name(cfg.name.replace("/", "_"), "run name")
+            else:
+                target = out_dir
+            if target in targets:
+                raise WriteRefused(f"--out {out_dir}: two configurations are both named {target.name!r}")
+            targets.append(check_run_target(target, "prediction", force=force))
+        for (cfg, pred), target in zip(results, targets, strict=True):
+            write_prediction(target, cfg, pred, force=force)
+    except (WriteRefused, OSError) as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
+        raise typer.Exit(2) from None
     err.print(f"wrote {len(results)} prediction run director{'y' if len(results) == 1 else 'ies'} under {out_dir}")
 
 

@@ -28,18 +28,33 @@ DCGM's, hence its own name. A field a device does not report is absent (never 0)
 ``powertrain_sampler_samples_total`` and ``powertrain_sample_timestamp_seconds`` per host.
 
 The endpoint binds to 127.0.0.1 unless an address is given: telemetry is not published to the
-network by accident.
+network by accident. A non-loopback address (``0.0.0.0:9400``, a host name or interface address) is
+refused unless it is explicitly allowed (``powertrain monitor --prometheus-public``, which sets
+``POWERTRAIN_PROMETHEUS_PUBLIC=1`` for the sampler it starts, or ``public=True``), and then a warning
+is logged. The server is bounded: each connection times out after :data:`CONNECTION_TIMEOUT_S`
+seconds of silence, and at most :data:`MAX_HANDLERS` connections are served at once — one more is
+closed at once (the scraper retries), so idle or slow clients cannot pile up threads.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import os
+import socket
 import threading
 from collections.abc import Iterable, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from powertrain.schema import TELEMETRY_FIELDS
 
 DEFAULT_ADDR = "127.0.0.1"
+PUBLIC_ENV = "POWERTRAIN_PROMETHEUS_PUBLIC"
+CONNECTION_TIMEOUT_S = 5.0
+MAX_HANDLERS = 8
+log = logging.getLogger(__name__)
 
 # field -> (metric name, help, scale from the field's unit to the metric's)
 DCGM_NAMES: dict[str, tuple[str, str, float]] = {
@@ -74,25 +89,114 @@ def parse_listen(spec: str) -> tuple[str, int]:
     return (host.strip("[]") or DEFAULT_ADDR), port_n
 
 
+def is_loopback(addr: str) -> bool:
+    """Whether every address ``addr`` resolves to is a loopback one (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
+
+
+def check_public(addr: str, public: bool | None = None) -> bool:
+    """Refuse (``ValueError``) a non-loopback ``addr`` unless ``public`` (``None``: the environment's
+    ``POWERTRAIN_PROMETHEUS_PUBLIC=1``); returns whether the address is public."""
+    if is_loopback(addr):
+        return False
+    allowed = os.environ.get(PUBLIC_ENV) == "1" if public is None else public
+    if not allowed:
+        raise ValueError(f"--prometheus {addr}: not a loopback address, so telemetry would be served to the "
+                         "network; add --prometheus-public to allow it")
+    return True
+
+
+class _Handler(WSGIRequestHandler):
+    """One scrape; the socket times out after :data:`CONNECTION_TIMEOUT_S` of silence; no access log."""
+
+    timeout = CONNECTION_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing."""
+
+
+class BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most ``max_handlers`` at once; one more is closed unanswered."""
+
+    daemon_threads = True
+    max_handlers = MAX_HANDLERS
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_handlers)
+        self.refused = 0
+        super().server_activate()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or hung up: one debug line, not a traceback on the sampler's stderr."""
+        import sys
+
+        log.debug("Prometheus endpoint: connection from %s ended: %s", client_address, sys.exc_info()[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def serve(port: int, addr: str, registry: Any, max_handlers: int = MAX_HANDLERS) -> tuple[BoundedServer, threading.Thread]:
+    """Serve ``registry`` at ``addr:port`` from a daemon thread with the bounds above."""
+    from prometheus_client import make_wsgi_app
+
+    infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = infos[0]
+    server_class = type("_Server", (BoundedServer,), {"address_family": family, "max_handlers": max_handlers})
+    httpd = server_class((sockaddr[0], port), _Handler)
+    httpd.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=httpd.serve_forever, name="prometheus-exporter", daemon=True)
+    thread.start()
+    return httpd, thread
+
+
 class PrometheusExporter:
     """Serves the latest telemetry rows of one sampler over HTTP in the Prometheus text format.
 
     Args:
         listen: ``[HOST:]PORT`` (HOST defaults to 127.0.0.1; port 0 picks a free port).
         labels: extra constant labels on every metric (e.g. ``{"run": "try1"}``).
+        public: allow a non-loopback HOST (``None``: only with ``POWERTRAIN_PROMETHEUS_PUBLIC=1``).
+        max_handlers: connections served at once (more are closed).
     """
 
-    def __init__(self, listen: str, labels: Mapping[str, str] | None = None) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+    def __init__(self, listen: str, labels: Mapping[str, str] | None = None, *, public: bool | None = None,
+                 max_handlers: int = MAX_HANDLERS) -> None:
+        from prometheus_client import CollectorRegistry
 
         self.addr, port = parse_listen(listen)
+        if check_public(self.addr, public):
+            log.warning("Prometheus endpoint on %s:%s is reachable from the network (--prometheus-public): "
+                        "anyone who can reach this host can read its telemetry", self.addr, port)
         self.labels = dict(labels or {})
         self._rows: list[dict[str, Any]] = []
         self._samples: dict[str, int] = {}
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server, self._thread = start_http_server(port, addr=self.addr, registry=self.registry)
+        self._server, self._thread = serve(port, self.addr, self.registry, max_handlers)
         self.port: int = self._server.server_port
 
     # -- called by the sampler (a powertrain.telemetry.sampler.SampleSink) ------------------------
