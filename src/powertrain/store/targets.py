@@ -101,7 +101,8 @@ def protected_reason(path: str | os.PathLike[str]) -> str | None:
 
 
 def run_kind(path: Path) -> str | None:
-    """``kind`` of the run directory at ``path`` (``measured`` when run.json names none); None if not a run."""
+    """``prediction``, ``import`` or ``measured`` (anything else: train, monitor, none) for the run directory
+    at ``path``; ``unreadable`` for a run.json that cannot be read; None if not a run."""
     if not _is_run_dir(path):
         return None
     try:
@@ -109,7 +110,7 @@ def run_kind(path: Path) -> str | None:
     except (OSError, ValueError):
         return "unreadable"
     kind = info.get("kind") if isinstance(info, dict) else None
-    return kind if isinstance(kind, str) and kind else "measured"
+    return kind if kind in ("prediction", "import") else "measured"  # train, monitor, none: measured
 
 
 def check_run_target(out: str | os.PathLike[str], kind: str, *, force: bool, option: str = "--out") -> Path:
