@@ -41,7 +41,7 @@ def _entry_reason(e: dict[str, Any]) -> str | None:
 
 def is_sweep_dir(path: str | Path) -> bool:
     p = Path(path)
-    if (p / "run.json").is_file():
+    if (p / "run.json").exists():  # a damaged run.json still makes a run directory
         return False
     return (p / "sweep.json").is_file() or any((c / "run.json").is_file() for c in p.iterdir() if c.is_dir())
 

@@ -34,7 +34,7 @@ def trace(
     """
     from powertrain.trace import export_trace
 
-    if not (path / "run.json").is_file():
+    if not (path / "run.json").exists():
         err.print(f"[red]error:[/] {path} is not a run directory (no run.json); for a sweep, pass one of its runs")
         raise typer.Exit(2)
     try:

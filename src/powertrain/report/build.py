@@ -700,7 +700,7 @@ def build_report(path: str | Path, out: str | Path | None = None, formats: tuple
         raise FileNotFoundError(f"{path} does not exist")
     out_dir = Path(out) if out else path / "report"
     check_output_folder(out_dir, "report", force=force or out is None, same_kind=is_report_folder)
-    is_run = (path / "run.json").is_file()
+    is_run = (path / "run.json").exists()  # a run.json that is no file is a damaged run, said by check_run
     if is_run:
         check_run(path)
     elif not is_sweep_dir(path):

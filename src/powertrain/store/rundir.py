@@ -153,7 +153,9 @@ class RunDir:
         return self.run_json.is_file()
 
     def read(self) -> dict[str, Any]:
-        if not self.run_json.is_file():
+        """``run.json``, checked (:func:`powertrain.store.validate.parse_run_json`): a damaged one is a
+        :class:`~powertrain.store.validate.DamagedRun` (``RUN: run.json: problem``)."""
+        if not self.run_json.exists():
             raise FileNotFoundError(
                 f"{self.path} is not a run directory (no run.json). "
                 "Point at a folder written by `powertrain monitor`, `run`, `sweep` or `import`."
