@@ -109,7 +109,8 @@ def test_commands_say_one_line(command, case, damage, file, words, pristine, tmp
             "compare": ["compare", str(pristine), str(run)]}[command]
     res = runner.invoke(app, args)
     assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"{run}: {file.rstrip('/')}" in lines[0] and words in lines[0], res.output
     assert _hashes(tmp_path) == before  # nothing written: no summary, no report folder, no trace

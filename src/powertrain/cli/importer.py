@@ -24,7 +24,7 @@ KIND_HELP = (
 
 
 @app.command("import")
-def import_cmd(
+def import_cmd(  # long function: mostly the typer declarations of the import options
     kind: str = typer.Argument(..., help=KIND_HELP, metavar="KIND"),
     sources: list[Path] = typer.Argument(..., help="Files or folders to read (.gz is fine).", metavar="SOURCE..."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory to create (must not exist or be empty)."),
