@@ -1,9 +1,9 @@
 """Per-device telemetry statistics with DuckDB, pushed down to the Parquet files.
 
-Nothing here loads a whole run's telemetry into Python: DuckDB scans the Parquet files (or, for a
-run still streaming, the Arrow table of its segments) for the level statistics and returns one row
-per device; the segment pass (integrals, counter increases, ramps, gaps) streams one Parquet file —
-about one host — at a time through numpy, which avoids a window sort over the whole run. A
+Nothing here loads a whole run's telemetry into Python: DuckDB scans the Parquet files (a host's
+compacted file, or the segments of a run still streaming) for the level statistics and returns one
+row per device; the segment pass (integrals, counter increases, ramps, gaps) streams one device at a
+time through numpy, which avoids a window sort over the whole run. A
 sweep-scale set (hundreds of devices × hours × 10 Hz) so summarises in bounded memory.
 
 Definitions (all over the window ``[w0, w1]``):
@@ -34,13 +34,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from powertrain.analyze.signal import time_to_steady
 from powertrain.core.counters import unwrap
 from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, counter_window_energy, window_energy, windows_energy
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
-from powertrain.store.tables import read_telemetry
+from powertrain.store.tables import telemetry_files
 
 # Seconds of telemetry before and after the window that are scanned to find the samples bracketing
 # the window's edges (more than any hold limit, so a reading just outside the window is found).
@@ -55,36 +54,40 @@ MAX_FIELDS = ("mem_used_bytes", "cgroup_mem_bytes")
 INTEGRATED = ("power_w",)
 COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "energy_j")  # energy_j: core.energy's counter rule
 NOT_IDLE = ~int(Throttle.IDLE) & 0xFFFFFFFF
+SERIES_CHUNK_ROWS = 1 << 18  # rows per query of device_mean_series (its ordered sums hold them)
 
 
-# name of a view -> the Parquet files behind it (or the Arrow table, for a run still streaming)
+# name of a view -> the Parquet files behind it (an empty table for a run without telemetry)
 _SOURCES: dict[tuple[int, str], list[str] | pa.Table] = {}
 
 
 def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: str = "tel") -> int:
     """Create view ``name`` over a run's telemetry with every schema column; returns its row count.
 
-    Finished hosts are scanned from their Parquet files; a run with unfinished segment folders is read
-    through :func:`powertrain.store.read_telemetry` (which skips torn segments) instead.
+    DuckDB scans the Parquet files (:func:`powertrain.store.tables.telemetry_files`: each host's
+    compacted file and, for a run still streaming or left so by a crash, its readable segments), so
+    nothing is loaded here. View ``<name>_rows`` adds each row's position (``file``, ``file_row``) for
+    queries that need the rows in the order they were written (a host's compacted file sorts before
+    its segment folder, and segments by number, so ``file`` orders as the readers concatenate).
     """
-    folder = Path(run_dir) / "telemetry"
-    files = sorted(str(p) for p in folder.glob("*.parquet")) if folder.is_dir() else []
-    parts = list(folder.glob("*.parts")) if folder.is_dir() else []
-    if parts or not files:
-        table = read_telemetry(run_dir)
+    files = [str(p) for p in telemetry_files(run_dir)]
+    if not files:
+        table = TELEMETRY_SCHEMA.empty_table()
         con.register(f"{name}_arrow", table)
         _SOURCES[(id(con), name)] = table
-        source = f"{name}_arrow"
+        source = f"(SELECT *, '' AS file, 0 AS file_row FROM {name}_arrow)"
         present = set(table.column_names)
     else:
         _SOURCES[(id(con), name)] = files
         flist = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
-        source = f"read_parquet({flist}, union_by_name=true)"
+        source = (f"(SELECT *, filename AS file, file_row_number AS file_row "
+                  f"FROM read_parquet({flist}, union_by_name=true, filename=true, file_row_number=true))")
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
     cols = ["t_ns", "host", "device"]
     for f, typ in TELEMETRY_FIELDS.items():
         sql_type = "BIGINT" if pa.types.is_integer(typ) else "DOUBLE"
         cols.append(f if f in present else f"CAST(NULL AS {sql_type}) AS {f}")
+    con.execute(f"CREATE OR REPLACE VIEW {name}_rows AS SELECT {', '.join(cols)}, file, file_row FROM {source}")
     con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {', '.join(cols)} FROM {source}")
     row = con.execute(f"SELECT count(*) FROM {name}").fetchall()[0]
     return int(row[0]) if row else 0
@@ -107,6 +110,18 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     cur = con.execute(sql)
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def _in_order(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    """``_rows`` of a query run on one thread: its sums (means) then add the rows in file order, so they
+    are the same to the last digit on every call however the files are cut into row groups (DuckDB's
+    threads otherwise add row groups' partial sums in the order they happen to finish)."""
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    con.execute("SET threads = 1")
+    try:
+        return _rows(con, sql)
+    finally:
+        con.execute(f"SET threads = {int(threads)}")
 
 
 def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel", *,
@@ -145,7 +160,7 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
             *[f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {int(t)}) != 0 THEN 1.0 ELSE 0.0 END)"
               f" AS throttle_{t.name.lower()}" for t in Throttle if t.name],
         ]
-    stats = _rows(con, f"SELECT host, device, {', '.join(level)} FROM {name} WHERE {win} GROUP BY host, device")
+    stats = _in_order(con, f"SELECT host, device, {', '.join(level)} FROM {name} WHERE {win} GROUP BY host, device")
     if not stats:
         return []
     by_key = {(s["host"], s["device"]): s for s in stats}
@@ -180,39 +195,38 @@ def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
     and how many samples that was. With one sample per device per period (the sampler's design),
     ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``.
     The sums run in (host, device, time) order, so they are the same to the last digit on every call
-    (DuckDB's parallel sums otherwise add rows from several files in varying order)."""
-    sql = f"""
-        SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v ORDER BY host, device, t) AS mean,
-               sum(v ORDER BY host, device, t) AS total, count(*) AS n
-        FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v, host, device, t_ns AS t FROM {name}
-              WHERE t_ns BETWEEN {w0} AND {w1} AND {field} IS NOT NULL)
-        GROUP BY b ORDER BY b
-    """
-    return con.sql(sql).to_arrow_table()
+    (DuckDB's parallel sums otherwise add rows from several files in varying order). The buckets are
+    computed a span of about ``SERIES_CHUNK_ROWS`` rows at a time (each bucket wholly in one span), so
+    the ordered sums never hold more than that many rows, however long the run."""
+    rows = con.execute(f"SELECT count({field}) FROM {name} WHERE t_ns BETWEEN {w0} AND {w1}").fetchall()[0][0]
+    n_buckets = (w1 - w0) // bucket_ns + 1
+    per_chunk = max(1, int(SERIES_CHUNK_ROWS * n_buckets / max(int(rows or 0), 1)))
+    parts = []
+    for b_lo in range(0, n_buckets, per_chunk):
+        lo, hi = w0 + b_lo * bucket_ns, min(w1, w0 + (b_lo + per_chunk) * bucket_ns - 1)
+        parts.append(con.sql(f"""
+            SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v ORDER BY host, device, t) AS mean,
+                   sum(v ORDER BY host, device, t) AS total, count(*) AS n
+            FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v, host, device, t_ns AS t FROM {name}
+                  WHERE t_ns BETWEEN {lo} AND {hi} AND {field} IS NOT NULL)
+            GROUP BY b ORDER BY b
+        """).to_arrow_table())
+    return pa.concat_tables(parts) if parts else con.sql(
+        "SELECT 0::BIGINT AS t_ns, 0::DOUBLE AS mean, 0::DOUBLE AS total, 0::BIGINT AS n LIMIT 0").to_arrow_table()
 
 
 def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int | None, t_hi: int | None
              ) -> Iterator[pa.Table]:
-    """The view's rows in [t_lo, t_hi] (all rows when not given), one Parquet file at a time, so memory
-    stays bounded by the largest file rather than the whole run. The store writes one file per host,
-    so each device's rows come in one batch."""
-    src = _SOURCES.get((id(con), name))
-    flt = [("t_ns", ">=", t_lo), ("t_ns", "<=", t_hi)] if t_lo is not None and t_hi is not None else None
-    if isinstance(src, list):
-        for f in src:
-            present = set(pq.read_schema(f).names)
-            t = pq.read_table(f, columns=[c for c in columns if c in present], filters=flt)
-            for c in columns:
-                if c not in present:
-                    t = t.append_column(c, pa.nulls(t.num_rows, TELEMETRY_SCHEMA.field(c).type))
-            yield t
-    else:
-        table = src if src is not None else con.sql(f"SELECT {', '.join(columns)} FROM {name}").to_arrow_table()
-        table = table.select(columns)
-        if t_lo is None or t_hi is None:
-            yield table
-        else:
-            yield table.filter(pc.and_(pc.greater_equal(table["t_ns"], t_lo), pc.less_equal(table["t_ns"], t_hi)))
+    """The view's rows in [t_lo, t_hi] (all rows when not given), one device at a time in the order
+    they were written (time, then file and row within it, as the whole-run readers order them), so
+    memory stays bounded by one device's rows rather than a host's or the whole run's."""
+    if (id(con), name) not in _SOURCES:
+        raise KeyError(f"no telemetry view {name!r} on this connection (open_telemetry first)")
+    win = f" AND t_ns BETWEEN {int(t_lo)} AND {int(t_hi)}" if t_lo is not None and t_hi is not None else ""
+    keys = con.execute(f"SELECT DISTINCT host, device FROM {name} ORDER BY host, device").fetchall()
+    for host, device in keys:
+        yield con.sql(f"SELECT {', '.join(columns)} FROM {name}_rows WHERE host = ? AND device = ?{win} "
+                      "ORDER BY t_ns, file, file_row", params=[host, device]).to_arrow_table()
 
 
 def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tuple[str, str], float | None],

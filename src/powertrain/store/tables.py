@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+from powertrain.store.rundir import set_file_mode
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         pq.write_table(table, tmp, compression="zstd")
+        set_file_mode(tmp)  # the one mode policy (store.rundir): 0640 less the umask, as JSON
         os.replace(tmp, path)
     except BaseException:  # a full disk: no half-written temporary left taking space
         tmp.unlink(missing_ok=True)
@@ -110,6 +112,7 @@ def finalize(base: Path, schema: pa.Schema) -> Path:
                 if t is not None:
                     buffer.add(t)
             buffer.flush()
+        set_file_mode(tmp)  # the one mode policy (store.rundir), as _write_atomic
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -163,6 +166,29 @@ def _streams(folder: Path) -> list[Path]:
     names = {p.name.removesuffix(".parquet") for p in folder.glob("*.parquet")}
     names |= {p.name.removesuffix(".parts") for p in folder.glob("*.parts")}
     return [folder / n for n in sorted(names)]
+
+
+def telemetry_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The readable Parquet files of a run's telemetry, in :func:`read_telemetry`'s order: per host
+    stream its compacted file, then its segments (a run still streaming, or left so by a crash). A
+    torn segment (no readable footer) is skipped, as the readers skip it. Nothing is loaded: for
+    scanners (DuckDB, Arrow datasets) that stream the rows."""
+    folder = Path(run_dir) / "telemetry"
+    out: list[Path] = []
+    for stream in _streams(folder) if folder.is_dir() else []:
+        final = stream.with_name(stream.name + ".parquet")
+        if final.is_file():
+            out.append(final)
+        out += [p for p in sorted(stream.with_name(stream.name + ".parts").glob("seg-*.parquet")) if _has_footer(p)]
+    return out
+
+
+def _has_footer(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return True
 
 
 def read_telemetry(run_dir: str | os.PathLike[str]) -> pa.Table:
