@@ -47,8 +47,10 @@ def nothing_valid(p: Plan, spec: Path) -> str | None:
     if p.to_launch:
         return None
     c = p.counts()
+    first = next((r for r in p.runs if r.reasons), None)
+    why = f"; {first.id}: {first.reasons[0]}" if first else ""
     return (f"{shown(spec)}: nothing to launch: of {len(p.runs)} run(s), {c['rejected']} rejected and "
-            f"{c['unsupported']} unsupported by the built-in trainer (reasons in the table)")
+            f"{c['unsupported']} unsupported by the built-in trainer{why}")
 
 
 def _gib(v: float | None) -> str:

@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from powertrain.cli import app
+from powertrain.cli.plan import MAX_POINTS_HELP, fail
+from powertrain.spec.bounds import DEFAULT_MAX_POINTS, shown
 
 if TYPE_CHECKING:
     from powertrain.predict import Calibration, Prediction
@@ -48,6 +51,7 @@ def predict_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines (one object per line).")] = False,
     force: Annotated[bool, typer.Option("--force", help="With --out: replace earlier predictions there (never a "
                                                         "measured or imported run).")] = False,
+    max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
 ) -> None:
     """Predict memory, step time, throughput, power, energy and temperature without running anything.
 
@@ -70,10 +74,12 @@ def predict_cmd(
     if hardware:
         _use_hardware_files(hardware)
     cal = _calibration_or_exit(profile)
-    configs = _configs_or_exit(spec, study)
+    skipped: list[str] = []
+    configs = _configs_or_exit(spec, study, max_points, skipped)
     t0 = time.perf_counter()
-    results = _predict_all(configs, cal)
+    results = _predict_all(configs, cal, skipped)
     elapsed = time.perf_counter() - t0
+    _report_skipped(spec, skipped, predicted=len(results))
     if out_dir is not None:
         _write_run_dirs(results, out_dir, force)
     _note_fresh_probes(results, cal)
@@ -105,7 +111,19 @@ def _calibration_or_exit(profile: str) -> Calibration:
         raise typer.Exit(2) from None
 
 
-def _configs_or_exit(spec: Path | None, study: bool) -> list[RunConfig]:
+def _report_skipped(spec: Path | None, skipped: list[str], predicted: int) -> None:
+    """One line per skipped configuration; when nothing was predicted, one error line instead (exit 1)."""
+    if predicted == 0:  # nothing valid remains
+        first = f"; {skipped[0]}" if skipped else ""
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        fail(f"{shown(spec) if spec else 'the study'}: nothing was predicted, every configuration was skipped"
+             f"{first}{more}", code=1)
+    for why in skipped:
+        err.print(f"[yellow]skipped[/] {escape(shown(why))}")
+
+
+def _configs_or_exit(spec: Path | None, study: bool, max_points: int = DEFAULT_MAX_POINTS,
+                     skipped: list[str] | None = None) -> list[RunConfig]:
     """The configurations to predict: the study's matrices, or every grid point of ``spec``."""
     if study:
         from powertrain.predict.study import study_configs
@@ -118,21 +136,24 @@ def _configs_or_exit(spec: Path | None, study: bool) -> list[RunConfig]:
     from powertrain.plan.sweep_spec import SpecError, expand, load_sweep_spec
 
     try:
-        expanded = expand(load_sweep_spec(spec))
+        sweep_spec = load_sweep_spec(spec)
     except SpecError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
+    try:
+        expanded = expand(sweep_spec, max_points)
+    except SpecError as exc:
+        fail(f"{shown(spec)}: {exc}")
     configs = []
     for e in expanded:
         if e.config is None:
-            err.print(f"[yellow]skipped[/] grid point {e.index}: {e.error}")
+            (skipped if skipped is not None else []).append(f"grid point {e.index}: {e.error}")
         else:
             # name each grid point as the planner does, so predictions line up with measured runs
             configs.append(e.config.model_copy(update={"name": run_id(e.settings)}) if e.settings else e.config)
     return configs
 
 
-def _predict_all(configs: list[RunConfig], cal: Calibration) -> Results:
+def _predict_all(configs: list[RunConfig], cal: Calibration, skipped: list[str] | None = None) -> Results:
     from powertrain.predict import predict
 
     results = []
@@ -140,7 +161,8 @@ def _predict_all(configs: list[RunConfig], cal: Calibration) -> Results:
         try:
             results.append((cfg, predict(cfg, cal)))
         except (KeyError, ValueError) as exc:
-            err.print(f"[yellow]skipped[/] {cfg.name}: {exc}")
+            why = str(exc.args[0]) if type(exc) is KeyError and exc.args else str(exc)  # KeyError's str quotes
+            (skipped if skipped is not None else []).append(f"{cfg.name}: {why}")
     return results
 
 

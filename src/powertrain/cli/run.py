@@ -138,11 +138,9 @@ def _checked_config(spec: Path) -> RunConfig:
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     violations = validate(cfg)
-    if violations:  # exit 2, nothing valid remains: the first line says so, one line per rule follows
-        err.print(f"[red]error:[/] {escape(shown(spec))} cannot run ({len(violations)} problem(s)); nothing was started:")
-        for v in violations:
-            err.print(f"  [bold]{v.rule}[/]: {escape(v.message)}\n    fix: {escape(v.fix)}")
-        raise typer.Exit(2)
+    if violations:  # exit 2, nothing valid remains: one line, every broken rule with its fix
+        fail(f"{shown(spec)} cannot run, nothing was started ({len(violations)} problem(s)): "
+             + "; ".join(str(v) for v in violations))
     return cfg
 
 

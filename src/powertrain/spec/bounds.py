@@ -172,7 +172,10 @@ def load_spec_yaml(path: Path, limit: int = MAX_SPEC_BYTES) -> Any:
     Every refusal is a :class:`SpecFileError` with one line naming the file.
     """
     text = read_spec_text(path, limit)
-    loader = BoundedLoader(text)
+    try:
+        loader = BoundedLoader(text)  # the reader refuses unprintable characters (a NUL) here already
+    except yaml.YAMLError as exc:
+        raise SpecFileError(f"{shown(path)} is not valid YAML: {yaml_error_line(exc)}") from None
     try:
         node = loader.get_single_node()
         if node is None:

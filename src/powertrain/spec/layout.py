@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_DEGREE = 1 << 26  # no degree exceeds the largest world (65 536 nodes × 1 024 devices)
+
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 # "even": layers spread as evenly as possible; "study_uneven": the study's split (even-indexed
 # stages one layer more, odd-indexed one fewer); or an explicit list of layers per (virtual) stage.
@@ -25,15 +27,15 @@ class Layout(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dp: int | None = Field(default=None, ge=1, description="data parallel; derived from world if omitted")
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1, description="expert parallel, carved out of dp×cp")
+    dp: int | None = Field(default=None, ge=1, le=MAX_DEGREE, description="data parallel; derived from world if omitted")
+    tp: int = Field(default=1, ge=1, le=MAX_DEGREE)
+    pp: int = Field(default=1, ge=1, le=MAX_DEGREE)
+    cp: int = Field(default=1, ge=1, le=MAX_DEGREE)
+    ep: int = Field(default=1, ge=1, le=MAX_DEGREE, description="expert parallel, carved out of dp×cp")
     fsdp: bool = Field(default=False, description="shard parameters/grads/optimizer over dp (FSDP2)")
     sequence_parallel: bool = Field(default=False, description="shard norms/dropout activations over tp")
     pp_schedule: PipelineSchedule = "1f1b"
-    virtual_stages: int = Field(default=1, ge=1, description="model chunks per pipeline rank (interleaved)")
+    virtual_stages: int = Field(default=1, ge=1, le=1024, description="model chunks per pipeline rank (interleaved)")
     pp_split: StageSplit = "even"
     distributed_optimizer: bool = Field(default=False, description="shard optimizer states over dp (ZeRO-1)")
 

@@ -27,15 +27,15 @@ class ModelConfig(BaseModel):
 
     name: str = "custom"
     family: Family
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    ffn: int = Field(gt=0, description="FFN inner size (per expert for MoE)")
-    heads: int = Field(gt=0)
-    kv_heads: int = Field(gt=0)
-    vocab: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
-    experts: int = Field(default=1, ge=1)
-    top_k: int = Field(default=1, ge=1)
+    layers: int = Field(gt=0, le=100_000)
+    hidden: int = Field(gt=0, le=1 << 20)
+    ffn: int = Field(gt=0, le=1 << 22, description="FFN inner size (per expert for MoE)")
+    heads: int = Field(gt=0, le=1 << 16)
+    kv_heads: int = Field(gt=0, le=1 << 16)
+    vocab: int = Field(gt=0, le=1 << 24)
+    seq_len: int = Field(gt=0, le=1 << 24)
+    experts: int = Field(default=1, ge=1, le=1 << 16)
+    top_k: int = Field(default=1, ge=1, le=1 << 16)
     tied_embeddings: bool = False
 
     @model_validator(mode="after")

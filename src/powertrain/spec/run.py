@@ -16,6 +16,11 @@ from powertrain.spec.layout import Layout
 from powertrain.spec.model import ModelConfig, get_model
 
 Recompute = Literal["none", "selective", "full"]
+# Bounds far above any real run, so an absurd value is refused by name instead of hanging a command.
+MAX_NODES = 65_536
+MAX_DEVICES_PER_NODE = 1_024
+MAX_STEPS = 10_000_000
+MAX_SECONDS = 7 * 86_400.0
 Precision = Literal["fp32", "bf16"]
 
 
@@ -27,29 +32,29 @@ class Overlap(BaseModel):
     fsdp_prefetch: bool = Field(default=True, description="FSDP2 forward/backward prefetch of the next all-gather")
     fsdp_reshard_after_forward: bool = Field(default=True, description="free gathered params after forward")
     async_tp: bool = Field(default=False, description="async tensor parallel (micro-pipelined TP) where available")
-    ddp_bucket_mb: float = Field(default=25.0, gt=0, description="DDP gradient bucket size")
+    ddp_bucket_mb: float = Field(default=25.0, gt=0, le=1e6, allow_inf_nan=False, description="DDP gradient bucket size")
     grad_reduce_in_backward: bool = Field(default=True, description="overlap DP gradient reduction with backward")
 
 
 class Knobs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    micro_batch: int = Field(default=1, ge=1, description="samples per micro-batch per data-parallel rank")
-    global_batch: int = Field(default=8, ge=1, description="samples per optimizer step, all ranks")
+    micro_batch: int = Field(default=1, ge=1, le=1 << 24, description="samples per micro-batch per data-parallel rank")
+    global_batch: int = Field(default=8, ge=1, le=1 << 30, description="samples per optimizer step, all ranks")
     recompute: Recompute = "none"
     overlap: Overlap = Overlap()
     precision: Precision = "fp32"
-    power_limit_w: float | None = Field(default=None, gt=0)
-    seed: int = 0
-    lr: float = Field(default=1e-3, gt=0)
-    moe_aux_coeff: float = Field(default=0.01, ge=0, description="weight of the MoE load-balancing loss")
+    power_limit_w: float | None = Field(default=None, gt=0, le=100_000, allow_inf_nan=False)
+    seed: int = Field(default=0, ge=-(1 << 63), le=(1 << 64) - 1, description="torch.manual_seed's range")
+    lr: float = Field(default=1e-3, gt=0, allow_inf_nan=False)
+    moe_aux_coeff: float = Field(default=0.01, ge=0, allow_inf_nan=False, description="weight of the MoE load-balancing loss")
 
 
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    nodes: int = Field(default=1, ge=1)
-    devices_per_node: int = Field(default=1, ge=1, description="ranks per node")
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    devices_per_node: int = Field(default=1, ge=1, le=MAX_DEVICES_PER_NODE, description="ranks per node")
     device: str = Field(default="cpu", description="device type name from the hardware catalog, or cpu")
 
     @property
@@ -62,13 +67,13 @@ class Protocol(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    warmup_steps: int = Field(default=2, ge=0)
-    measured_steps: int = Field(default=5, ge=1)
-    min_measured_s: float = Field(default=0.0, ge=0, description="measured window lasts at least this long")
-    repeats: int = Field(default=1, ge=1)
-    cooldown_s: float = Field(default=0.0, ge=0, description="wait before the run starts")
-    cooldown_until_temp_c: float | None = Field(default=None, description="…or until max device temp ≤ this")
-    idle_baseline_s: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=2, ge=0, le=MAX_STEPS)
+    measured_steps: int = Field(default=5, ge=1, le=MAX_STEPS)
+    min_measured_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="measured window lasts at least this long")
+    repeats: int = Field(default=1, ge=1, le=1000)
+    cooldown_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="wait before the run starts")
+    cooldown_until_temp_c: float | None = Field(default=None, ge=-50, le=150, allow_inf_nan=False, description="…or until max device temp ≤ this")
+    idle_baseline_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
 
 
 class Data(BaseModel):
