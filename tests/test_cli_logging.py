@@ -40,3 +40,12 @@ def test_root_options_choose_what_reaches_stderr(options, shown, capsys):
     log.error("err")
     assert capsys.readouterr().err.splitlines() == shown  # message text only, nothing added
     assert sum(isinstance(h, CurrentStderr) for h in logging.getLogger(LOGGER).handlers) == 1
+
+
+def test_debug_is_a_root_option_and_leaves_the_levels_alone(capsys):
+    res = CliRunner().invoke(app, ["--debug", "trace", "--help"])
+    assert res.exit_code == 0
+    assert "--debug" in CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).stdout
+    capsys.readouterr()
+    logging.getLogger("powertrain.some.module").info("info")
+    assert capsys.readouterr().err == ""  # --debug shows tracebacks, not more diagnostics (that is -v)

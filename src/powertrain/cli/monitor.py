@@ -130,6 +130,8 @@ def monitor(
         _check_listen(prometheus, prometheus_public)  # a bad value is a usage error before anything starts
         _check_out(out)
         task = slurm_task()
+        # one line before anything starts; under srun only one task per node serves --prometheus
+        _check_rate_and_port(rate, prometheus if task is None else None)
         parser = _step_parser(parse, out, seq_len, warmup_steps, task)
         kw = _run_options(rate, backends, not quiet, parser, prometheus, warmup_steps)
         if task is not None:
@@ -199,3 +201,29 @@ def _report_parsed(parser: LiveStepParser, out: Path) -> None:
     err.print(f"parsed {parser.lines} {parser.engine} step line(s) into {parser.steps} event(s) in {out}/events/")
     if parser.lines == 0:
         err.print(f"[yellow]no {parser.engine} step line was seen in the command's output[/]")
+
+
+def _check_rate_and_port(rate: float, prometheus: str | None) -> None:
+    """``--rate`` within what the sampler accepts, and the ``--prometheus`` port free to bind: a
+    ``ValueError`` naming the option here, instead of the sampler failing after the run started."""
+    from powertrain.telemetry.sampler import MAX_RATE_HZ
+
+    if not 0 < rate <= MAX_RATE_HZ:  # nan fails too
+        raise ValueError(f"--rate must be in (0, {MAX_RATE_HZ:g}] samples per second, got {rate:g}")
+    if not prometheus:
+        return
+    import socket
+
+    from powertrain.live.prometheus import parse_listen
+
+    addr, port = parse_listen(prometheus)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter binds
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        raise ValueError(f"--prometheus {prometheus}: cannot listen on {addr}:{port}: "
+                         f"{exc.strerror or exc}") from None

@@ -70,6 +70,8 @@ def _describe(exc: BaseException) -> str:
         return f"{' → '.join(names) + ': ' if names else ''}{exc.strerror}"
     if isinstance(exc, KeyError):
         return f"missing key {exc.args[0]!r}" if exc.args else "missing key"
+    if isinstance(exc, MemoryError):
+        return "ran out of memory (an input far larger than this machine can hold?); --debug shows where"
     if _is_arrow_error(exc):
         return f"unreadable table data ({type(exc).__name__}): {exc}"
     text = str(exc).strip()
