@@ -137,7 +137,9 @@ def _mlperf_runs(kind: str, sources: list[Path], result: str | None) -> list[tup
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    Console(stderr=True, highlight=False).print(f"[red]error: {escape(str(exc))}[/red]", soft_wrap=True)
+    # one line: control characters a source put in the message (a binary header, say) are escaped
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc))
+    Console(stderr=True, highlight=False).print(f"[red]error: {escape(text)}[/red]", soft_wrap=True)
     return typer.Exit(2)
 
 

@@ -184,7 +184,13 @@ class _CappedReader(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
-        data = self._raw.read(min(len(b), self._cap + 1 - self.count) or 1)
+        try:
+            data = self._raw.read(min(len(b), self._cap + 1 - self.count) or 1)
+        except EOFError as exc:  # a truncated .gz
+            raise SourceFormatError(self._path, None, f"truncated compressed file ({exc})") from None
+        except OSError as exc:  # not gzip at all (gzip.BadGzipFile), or an I/O error
+            what = "not a gzip file" if self._path.suffix == ".gz" and exc.errno is None else "unreadable"
+            raise SourceFormatError(self._path, None, f"{what} ({exc.strerror or exc})") from None
         n = len(data)
         b[:n] = data
         self.count += n
