@@ -86,10 +86,10 @@ def sweep_cmd(
             directive_word("--out", str(folder.absolute()))
         except ValueError as exc:
             fail(str(exc))
-    print_plan(p, console=err, show_all=False)
     none = nothing_valid(p, spec)
-    if none:  # nothing is created; the table above says why
-        fail(none, code=1)
+    if none:  # nothing is created; the line names the first reason, `powertrain plan` shows them all
+        fail(f"{none} (`powertrain plan` lists every run)", code=1)
+    print_plan(p, console=err, show_all=False)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
                         interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None)
