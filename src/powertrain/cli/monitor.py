@@ -144,12 +144,18 @@ def monitor(
     finally:
         if parser is not None:
             parser.close()
+    _report(parser, out, info)
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _report(parser: LiveStepParser | None, out: Path, info: dict[str, Any]) -> None:
+    """What ``--parse`` made of the output, then the run's summary (a Slurm task that does not own the
+    run has none)."""
     if parser is not None:
         _report_parsed(parser, out)
-    if info:  # a Slurm task that does not own the run has none
+    if info:
         print_summary(out, info)
         sys.stdout.flush()
-    raise typer.Exit(code if code >= 0 else 128 - code)
 
 
 def _check_listen(prometheus: str | None, public: bool = False) -> None:
