@@ -133,8 +133,9 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
         fam.metrics["cluster_power_mean_w"] = energy / ctx.window_s
     else:
         fam.why_null["cluster_power_mean_w"] = f"the cluster's energy over the window is unknown: {why}"
-    tot = [t for t, n in zip(series["total"].to_pylist(), series["n"].to_pylist(), strict=True) if n == n_full]
-    if tot:
+    # numpy, not Python lists: the series has one row per sample period of the whole window
+    tot = series["total"].to_numpy(zero_copy_only=False)[series["n"].to_numpy(zero_copy_only=False) == n_full]
+    if tot.size:
         fam.metrics["cluster_power_peak_w"] = float(np.max(tot))
     else:
         fam.why_null["cluster_power_peak_w"] = "no sample period where every device reported"
