@@ -15,7 +15,7 @@ from rich.table import Table
 from powertrain.cli.root import app
 from powertrain.monitor import MonitorError, run_command
 from powertrain.slurm_tasks import run_task_command, slurm_task
-from powertrain.store.tables import read_telemetry
+from powertrain.store.tables import telemetry_files
 from powertrain.telemetry.quicklook import per_device
 
 if TYPE_CHECKING:
@@ -37,16 +37,17 @@ def _fmt(field: str, value: float | None) -> str:
 
 def print_summary(run_dir: Path, info: dict[str, Any], console: Console = err) -> None:
     """Duration, samples, per-device means and peaks, and what was not measured here."""
-    tel = read_telemetry(run_dir)
+    devices = per_device(telemetry_files(run_dir))
+    n_rows = sum(d["rows"] for d in devices)
     dur = (info["end_ns"] - info["start_ns"]) / 1e9 if info.get("end_ns") else None
     status = info.get("status")
     colour = "green" if status == "ok" else "red"
     console.print(f"[bold]run[/] {run_dir}  [{colour}]{status}[/]" + (f" — {info['reason']}" if info.get("reason") else ""))
-    console.print(f"duration {dur:.1f} s, {tel.num_rows} telemetry rows" if dur is not None else "")
+    console.print(f"duration {dur:.1f} s, {n_rows} telemetry rows" if dur is not None else "")
     table = Table(show_header=True, header_style="bold")
     for col in ("device", "rows", "rate", "field", "mean", "peak"):
         table.add_column(col)
-    for dev in per_device(tel):
+    for dev in devices:
         first = True
         for field, (mean, peak) in dev["levels"].items():
             table.add_row(
