@@ -319,10 +319,15 @@ class Monitor:
         except (OSError, ValueError):
             t_last = None
         if t_last is None:
-            from powertrain.store.tables import read_telemetry
+            import duckdb
 
-            tel = read_telemetry(self.run.path)
-            t_last = tel.column("t_ns")[-1].as_py() if tel.num_rows else None
+            from powertrain.store.tables import telemetry_files
+
+            files = [str(f) for f in telemetry_files(self.run.path)]
+            # one aggregate over the files: the telemetry of a long run is never loaded whole
+            rows = duckdb.connect().execute("SELECT max(t_ns) FROM read_parquet(?)", [files]).fetchall() \
+                if files else []
+            t_last = rows[0][0] if rows else None
         return _iso(t_last) or "the start (no sample was written)"
 
     def _finish(self, status: str, reason: str | None, exit_code: int | None = None) -> dict[str, Any]:
