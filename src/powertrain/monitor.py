@@ -41,7 +41,7 @@ from powertrain import hooks
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
 from powertrain.shared_fs import wait_for_file
 from powertrain.store.reserve import RUN_RESERVE_BYTES, hold_space, release_space, reserve_path
-from powertrain.store.rundir import RunDir, default_host, read_json
+from powertrain.store.rundir import RunDir, default_host, read_json, set_file_mode
 from powertrain.store.tables import finalize
 from powertrain.supervise import signal_reason, stop_orphans, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
@@ -210,7 +210,9 @@ class Monitor:
     def _start_sampler(self) -> None:
         meta = self.run.telemetry_meta(self.host)
         meta.unlink(missing_ok=True)
-        self._log = open(self.run.logs_dir / f"sampler-{self.host}.stderr", "ab")  # noqa: SIM115
+        log_path = self.run.logs_dir / f"sampler-{self.host}.stderr"
+        self._log = open(log_path, "ab")  # noqa: SIM115
+        set_file_mode(log_path)  # the run directory's mode policy (docs/reliability.md)
         cmd = [
             sys.executable, "-m", "powertrain.sampler_process", str(self.run.path),
             "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,

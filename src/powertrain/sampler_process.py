@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from powertrain.diagnostics import show_on_stderr
-from powertrain.store.rundir import RunDir, default_host
+from powertrain.store.rundir import RunDir, default_host, set_file_mode
 from powertrain.telemetry.backend import BackendUnavailable
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
 from powertrain.telemetry.discover import open_backends
@@ -56,8 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _arguments(argv)
     host = args.host or default_host()
     run = RunDir(args.run_dir).create()
+    log_path = run.logs_dir / f"sampler-{host}.log"
+    log_path.touch()
+    set_file_mode(log_path)  # the run directory's mode policy (docs/reliability.md)
     logging.basicConfig(
-        filename=run.logs_dir / f"sampler-{host}.log",
+        filename=log_path,
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
