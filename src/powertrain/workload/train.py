@@ -24,7 +24,7 @@ import torch.distributed as dist
 from powertrain import hooks
 from powertrain.diagnostics import show_on_stderr
 from powertrain.spec.run import RunConfig, load_run_config
-from powertrain.store.rundir import write_json_atomic
+from powertrain.store.rundir import file_mode, write_json_atomic
 from powertrain.workload.mesh import device_type
 
 log = logging.getLogger("powertrain.workload.train")  # not __name__: torchrun runs this module as __main__
@@ -41,7 +41,7 @@ def _redirect(log: Path) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode())  # the run directory's mode policy
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
