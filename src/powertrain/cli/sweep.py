@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import signal
 import time
@@ -112,12 +113,16 @@ def sweep_cmd(
             signal.signal(s, h)
     err.print()
     failed = [r for r in state.runs if r.get("status") in ("failed", "oom")]
-    left = [r for r in state.runs if r.get("status") in ("planned", "running")]
+    unfinished = [r for r in state.runs if r.get("status") in ("planned", "running")]
+    # runs that --only did not select were not asked for: they are not a failure of this command
+    left = [r for r in unfinished if only is None or fnmatch.fnmatch(r["id"], only)]
     err.print(f"sweep folder: {folder}")
     for r in failed:
         err.print(f"[red]{r['status']}[/] {r['id']}: {(r.get('reason') or '')[:300]}")
     if left:
         err.print(f"[yellow]{len(left)} run(s) not finished; continue with --resume[/]")
+    if len(unfinished) > len(left):
+        err.print(f"{len(unfinished) - len(left)} run(s) outside --only {only!r} left as planned")
     raise typer.Exit(1 if failed or left else 0)
 
 
