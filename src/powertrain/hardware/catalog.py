@@ -14,6 +14,7 @@ Conventions: FLOP/s are dense (no structured sparsity); bandwidths are per devic
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -219,49 +220,201 @@ def is_cpu_name(name: str | None) -> bool:
 
 
 def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> DeviceSpec:
-    """A device by catalog name or alias (case and punctuation ignored); ``cpu`` is measured here."""
+    """A device by catalog name, alias, or a name as people write it; ``cpu`` is measured here.
+
+    Exact names and aliases match first (case and punctuation ignored); otherwise the name is read as
+    tokens — vendor, family (``h100``, ``gb200``, ``mi300x``), memory size (``80GB``), form factor
+    (SXM, PCIe, NVL, OAM) and power (``700W``) — and matched against what each entry states
+    (:func:`resolve_device`). An unknown or ambiguous name raises :class:`UnknownDeviceError` naming the
+    closest entries.
+    """
     if is_cpu_name(name):
         return measure_cpu()
     cat = catalog if catalog is not None else _default_catalog()
     if name in cat:
         return cat[name]
-    key = _norm(name)
+    return cat[resolve_device(name, cat)]
+
+
+# --- reading device names as people write them ------------------------------------------------------------
+
+# Words that say nothing about which device it is (vendor and marketing words, memory technologies).
+_NOISE = frozenset({"nvidia", "amd", "intel", "tesla", "instinct", "tensor", "core", "gpu", "accelerator",
+                    "grace", "hopper", "blackwell", "ampere", "volta", "superchip", "dgx", "hgx", "the", "in",
+                    "with", "and", "per", "of", "lower", "tdp", "sku", "gb", "gib", "w"})
+_NOT_FAMILY = re.compile(r"^(sxm\d*|pcie\d*|nvl\d*|oam|hbm\d*e?|gddr\d*x?|ddr\d*|gen\d+|x\d+|cx\d+|nvlink\d*|tb|s)$")
+_FAMILY = re.compile(r"^(?:[a-z]{1,3}\d{2,4}[a-z]{0,2})$")
+_MEMORY = re.compile(r"(?<![a-z0-9.])(\d{2,4}(?:\.\d+)?)\s*(?:gb|gib|g)(?![a-z])")
+_POWER = re.compile(r"(?<![a-z0-9.])(\d{2,4})\s*w(?![a-z])")
+_FORMS = (("sxm", "sxm"), ("pcie", "pcie"), ("nvl", "nvl"), ("oam", "oam"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceName:
+    """What a device name states: family, memory (GB), form factor and power (W); None where silent."""
+
+    family: str | None
+    memory_gb: float | None
+    form: str | None
+    power_w: float | None
+    vendor: str | None
+
+
+def parse_device_name(text: str) -> DeviceName:
+    """Read a free-text device name (``"NVIDIA H100 80GB HBM3"``, ``"h200 141gb"``, ``"GB200 NVL72"``)."""
+    t = str(text).lower()
+    mem = _MEMORY.findall(t)
+    pw = _POWER.findall(t)
+    tokens = [w for w in re.split(r"[^a-z0-9]+", t) if w]
+    family = next((w for w in tokens if _FAMILY.match(w) and not _NOT_FAMILY.match(w) and w not in _NOISE
+                   and not re.match(r"^\d", w)), None)
+    form = next((f for key, f in _FORMS if any(w.startswith(key) for w in tokens)), None)
+    vendor = next((v for v in ("nvidia", "amd", "intel") if v in tokens), None)
+    return DeviceName(family=family, memory_gb=float(mem[-1]) if mem else None, form=form,
+                      power_w=float(pw[-1]) if pw else None, vendor=vendor)
+
+
+@dataclass(slots=True)
+class _Index:
+    """A catalog's labels and stated features, built once per catalog dict."""
+
+    catalog: dict[str, DeviceSpec]
+    labels: dict[str, str]  # normalised name or alias -> entry name
+    families: dict[str, list[str]]  # family token -> entry names
+    forms: dict[str, frozenset[str]]  # entry name -> form factors its name and aliases state
+    memo: dict[str, str | UnknownDeviceError]
+
+
+_INDEXES: dict[int, _Index] = {}
+
+
+def _index(cat: dict[str, DeviceSpec]) -> _Index:
+    idx = _INDEXES.get(id(cat))
+    if idx is not None and idx.catalog is cat:
+        return idx
+    labels: dict[str, str] = {}
+    families: dict[str, list[str]] = {}
+    forms: dict[str, frozenset[str]] = {}
     for dev in cat.values():
-        if key == _norm(dev.name) or any(key == _norm(a) for a in dev.aliases):
-            return dev
-    raise UnknownDeviceError(name, closest_devices(name, cat))
+        fams: set[str] = set()
+        fs: set[str] = set()
+        for label in (dev.name, *dev.aliases):
+            labels.setdefault(_norm(label), dev.name)
+            parsed = parse_device_name(label)
+            if parsed.family:
+                fams.add(parsed.family)
+            if parsed.form:
+                fs.add(parsed.form)
+        for fam in fams:
+            families.setdefault(fam, []).append(dev.name)
+        forms[dev.name] = frozenset(fs)
+    if len(_INDEXES) > 16:  # user catalogs come and go (tests, --hardware); keep the cache small
+        _INDEXES.clear()
+    idx = _INDEXES[id(cat)] = _Index(cat, labels, families, forms, {})
+    return idx
+
+
+def _entry_memory_gb(dev: DeviceSpec) -> float:
+    return dev.memory_bytes / (2**30 * 0.99)  # what `memory_gb` said (see _device)
+
+
+def resolve_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> str:
+    """The catalog entry a device name means, by exact label or by its stated features.
+
+    Rules: the family must match an entry's family; a stated memory size must be within 3 % (or 2 GB) of
+    the entry's; a stated form factor must be one the entry states (entries that state none accept any);
+    a stated vendor must match. Among several entries left, a stated power picks the closest TDP, else
+    the entry the family's bare name is an alias of (``A100`` → the 80 GB part); otherwise the name is
+    ambiguous. Raises :class:`UnknownDeviceError` (closest entries listed) when nothing or several match.
+    """
+    cat = catalog if catalog is not None else _default_catalog()
+    idx = _index(cat)
+    got = idx.memo.get(name)
+    if got is None:
+        got = _resolve(name, idx)
+        idx.memo[name] = got
+    if isinstance(got, UnknownDeviceError):
+        raise UnknownDeviceError(got.name, got.closest, got.why)  # a fresh one: no traceback piles up
+    return got
+
+
+def _resolve(name: str, idx: _Index) -> str | UnknownDeviceError:
+    key = _norm(name)
+    if key in idx.labels:
+        return idx.labels[key]
+    q = parse_device_name(name)
+    if q.family is None or q.family not in idx.families:
+        return UnknownDeviceError(name, closest_devices(name, idx.catalog))
+    cands = [idx.catalog[n] for n in idx.families[q.family]]
+    if q.vendor:
+        cands = [d for d in cands if d.vendor in (q.vendor, "unknown")]
+    if q.memory_gb is not None:
+        cands = [d for d in cands if abs(_entry_memory_gb(d) - q.memory_gb) <= max(2.0, 0.03 * _entry_memory_gb(d))]
+    if q.form is not None:
+        cands = [d for d in cands if not idx.forms[d.name] or q.form in idx.forms[d.name]]
+    if len(cands) == 1:
+        return cands[0].name
+    if not cands:
+        return UnknownDeviceError(name, closest_devices(name, idx.catalog), _stated(q))
+    if q.power_w is not None:
+        best = min(abs(d.tdp_w - q.power_w) for d in cands)
+        cands = [d for d in cands if abs(d.tdp_w - q.power_w) == best]
+        if len(cands) == 1:
+            return cands[0].name
+    default = idx.labels.get(q.family)  # the entry the family's bare name is an alias of
+    if default in {d.name for d in cands}:
+        return str(default)
+    return UnknownDeviceError(name, [d.name for d in cands][:3], "ambiguous: several entries match; "
+                              "state the memory size or form factor")
+
+
+def _stated(q: DeviceName) -> str:
+    parts = [f"family {q.family}"] + ([f"{q.memory_gb:g} GB"] if q.memory_gb is not None else []) + (
+        [q.form.upper()] if q.form else []) + ([q.vendor] if q.vendor else [])
+    return f"no catalog entry has {', '.join(parts)}"
 
 
 class UnknownDeviceError(KeyError):
-    """A device name the catalog does not hold; the message lists the closest names (difflib)."""
+    """A device name the catalog does not hold (or that fits several entries); lists the closest names."""
 
-    def __init__(self, name: str, closest: list[str]) -> None:
+    def __init__(self, name: str, closest: list[str], why: str = "") -> None:
         super().__init__(name)
-        self.name, self.closest = name, closest
+        self.name, self.closest, self.why = name, closest, why
         near = f"closest: {', '.join(closest)}" if closest else "no close catalog name"
-        self.message = (f"unknown device {name!r} ({near}; or cpu). Add your own in a YAML file with the keys of "
-                        "hardware/catalog.yaml and pass it with --hardware")
+        what = "ambiguous" if why.startswith("ambiguous") else "unknown"
+        detail = f"{why}; " if why and what == "unknown" else ""
+        self.message = (f"{what} device {name!r} ({detail}{near}; or cpu). Add your own in a YAML file with the "
+                        "keys of hardware/catalog.yaml and pass it with --hardware")
 
     def __str__(self) -> str:
         return self.message
 
 
 def closest_devices(name: str, catalog: dict[str, DeviceSpec] | None = None, n: int = 3) -> list[str]:
-    """Up to ``n`` catalog names closest to ``name`` (case and punctuation ignored, aliases count)."""
+    """Up to ``n`` catalog names closest to ``name``: entries of the same family first (nearest memory
+    size first), then by spelling (difflib; case and punctuation ignored, aliases count)."""
     import difflib
 
     cat = catalog if catalog is not None else _default_catalog()
+    out: list[str] = []
+    q = parse_device_name(name)
+    if q.family:
+        fam = [d for d in cat.values() if q.family in {parse_device_name(lbl).family for lbl in (d.name, *d.aliases)}]
+        fam.sort(key=lambda d: abs(_entry_memory_gb(d) - (q.memory_gb or _entry_memory_gb(d))))
+        out += [d.name for d in fam]
     by_key: dict[str, str] = {}
     for dev in cat.values():
         for label in (dev.name, *dev.aliases):
             by_key.setdefault(_norm(label), dev.name)
-    matches = difflib.get_close_matches(_norm(name), list(by_key), n=n * 3, cutoff=0.5)
-    out: list[str] = []
-    for m in matches:
+    for m in difflib.get_close_matches(_norm(name), list(by_key), n=n * 3, cutoff=0.5):
         if by_key[m] not in out:
             out.append(by_key[m])
+    if q.family and len(out) < n:  # a family the catalog lacks: the nearest family names by spelling
+        fams = {parse_device_name(lbl).family: d.name for d in cat.values() for lbl in (d.name, *d.aliases)}
+        for m in difflib.get_close_matches(q.family, [f for f in fams if f], n=n, cutoff=0.3):
+            if fams[m] not in out:
+                out.append(fams[m])
     return out[:n]
-
 
 
 def cpu_device(probe: HostProbe, ranks_per_node: int = 1) -> DeviceSpec:

@@ -1,0 +1,81 @@
+"""Device names as people write them resolve to one catalog entry by their tokens, or fail naming the closest."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from powertrain.hardware import CATALOG_FILE, load_catalog
+from powertrain.hardware.catalog import UnknownDeviceError, get_device, parse_device_name, resolve_device
+
+# (as written, entry) — published tables, nvidia-smi's name, vendor pages, lower case
+SPELLINGS = [
+    ("H100 80GB", "h100-sxm"),
+    ("H100-SXM5-80GB (HBM3)", "h100-sxm"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("h100 sxm5 700w", "h100-sxm"),
+    ("H100 96GB", "h100-sxm-96gb"),
+    ("H100 SXM 95/96GB HBM2e", "h100-sxm-96gb"),
+    ("H200-SXM5-141GB", "h200"),
+    ("h200 141gb", "h200"),
+    ("NVIDIA H200 141GB HBM3e", "h200"),
+    ("GB200 NVL72", "gb200"),
+    ("gb300 nvl72", "gb300"),
+    ("MI300X", "mi300x"),
+    ("AMD Instinct MI300X OAM", "mi300x"),
+    ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"),
+    ("A100 80GB", "a100-sxm4-80gb"),
+    ("A100", "a100-sxm4-80gb"),  # the family's bare name is the catalog's stated default
+    ("NVIDIA B200 180GB", "b200"),
+    ("NVIDIA GH200 480GB", "gh200"),
+]
+
+
+@pytest.mark.parametrize(("text", "entry"), SPELLINGS)
+def test_free_text_names_resolve(text: str, entry: str) -> None:
+    assert get_device(text).name == entry
+
+
+def test_tokens_are_read_not_looked_up() -> None:
+    q = parse_device_name("NVIDIA H100-SXM5-80GB (HBM3) 700 W")
+    assert (q.family, q.memory_gb, q.form, q.power_w, q.vendor) == ("h100", 80.0, "sxm", 700.0, "nvidia")
+    q = parse_device_name("gb200 nvl72")
+    assert (q.family, q.memory_gb, q.form) == ("gb200", None, "nvl")
+
+
+@pytest.mark.parametrize("text", ["H100 PCIe", "H100 NVL", "Tesla V100-SXM2-16GB", "a100 pcie 40gb", "MI250"])
+def test_a_different_product_of_a_known_family_is_refused_with_the_closest(text: str) -> None:
+    # another form factor or memory size is another device (power, bandwidth): never silently the SXM part
+    with pytest.raises(UnknownDeviceError) as exc:
+        get_device(text)
+    assert 1 <= len(exc.value.closest) <= 3
+    assert "closest:" in str(exc.value) and "--hardware" in str(exc.value)
+
+
+def test_the_closest_entries_are_of_the_same_family_first() -> None:
+    with pytest.raises(UnknownDeviceError) as exc:
+        get_device("H100 PCIe 80GB")
+    assert exc.value.closest[:2] == ["h100-sxm", "h100-sxm-96gb"]
+
+
+def test_an_ambiguous_name_is_refused(tmp_path) -> None:
+    base = yaml.safe_load(CATALOG_FILE.read_text())["devices"]["h100-sxm"]
+    f = tmp_path / "hw.yaml"
+    f.write_text(yaml.safe_dump({"devices": {
+        "z900-a": dict(base, memory_gb=64, aliases=["Z900 64GB SXM"]),
+        "z900-b": dict(base, memory_gb=128, aliases=["Z900 128GB SXM"])}}))
+    cat = load_catalog([f])
+    assert resolve_device("z900 128 GB", cat) == "z900-b"
+    with pytest.raises(UnknownDeviceError, match="ambiguous") as exc:
+        resolve_device("Z900 SXM", cat)
+    assert set(exc.value.closest) == {"z900-a", "z900-b"}
+
+
+def test_a_user_catalog_is_indexed_on_its_own(tmp_path) -> None:
+    base = yaml.safe_load(CATALOG_FILE.read_text())["devices"]["h100-sxm"]
+    f = tmp_path / "hw.yaml"
+    f.write_text(yaml.safe_dump({"devices": {"lab-h100-pcie": dict(base, memory_gb=80, aliases=["H100 PCIe"])}}))
+    cat = load_catalog([f])
+    assert get_device("NVIDIA H100 PCIe 80GB", cat).name == "lab-h100-pcie"
+    with pytest.raises(UnknownDeviceError):
+        get_device("NVIDIA H100 PCIe 80GB")  # the shipped catalog still lacks it
