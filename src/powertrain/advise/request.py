@@ -1,0 +1,196 @@
+"""What the user asks ``advise`` for: the job, its limits and what "best" means.
+
+:class:`Request` is plain data (no pydantic: the search builds 10⁵ candidates from it). It is built
+from the command line by :func:`make_request`, which checks every field once and raises a one-line
+``ValueError`` naming the field and the fix. :func:`impossible` finds requests no layout can
+satisfy whatever the search tries (a node budget below the node's idle draw, a cap below idle), so
+they are refused before anything is enumerated, with the nearest feasible change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
+from powertrain.spec.model import ModelConfig, get_model
+
+OBJECTIVES = ("throughput", "energy", "time", "cost", "pareto")
+ENGINES = ("builtin", "megatron")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Limits every proposed configuration must keep (None: no limit)."""
+
+    power_cap_w: float | None = None  # per-GPU power limit the site imposes: candidates cap at most this
+    node_kw: float | None = None  # predicted peak node power (devices + host) ≤ this
+    rack_kw: float | None = None  # predicted peak power of ``nodes_per_rack`` nodes ≤ this
+    nodes_per_rack: int | None = None  # None: all the job's nodes share the rack budget
+    max_temp_c: float | None = None  # predicted hottest GPU ≤ this
+    no_throttle: bool = False  # no slot may be predicted to throttle
+    mem_headroom: float = 0.0  # keep this share of device memory free (0.1 = 10 %)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What to rank by. ``tokens`` (time/cost), prices (cost) are needed by some."""
+
+    kind: str = "throughput"
+    tokens: float | None = None  # tokens to train (time-to-train and cost)
+    gpu_hour_price: float | None = None  # currency per GPU-hour
+    kwh_price: float | None = None  # currency per kWh (node energy, host included)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The job: model, hardware, batch; limits; objective; the knob values to search."""
+
+    model: ModelConfig
+    device_name: str
+    device: DeviceSpec
+    nodes: int
+    devices_per_node: int
+    global_batch: int
+    precision: str
+    engine: str
+    constraints: Constraints = Constraints()
+    objective: Objective = Objective()
+    power_caps: tuple[float | None, ...] = (None,)  # per-GPU caps to try (None: the device default)
+    clock_locks: tuple[float, ...] = ()  # SM clock locks to try, as a fraction of the maximum clock
+    max_vp: int = 8  # largest interleaving (virtual stages) tried
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def is_cpu(self) -> bool:
+        return is_cpu_name(self.device_name)
+
+
+def load_model(model: str, seq_len: int | None) -> ModelConfig:
+    """A catalog name, or a YAML file holding a model (or a run spec whose ``model`` is one)."""
+    path = Path(model)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"--model: file {model} does not exist; give a catalog name or a model YAML")
+        raw = yaml.safe_load(path.read_text())
+        raw = raw.get("model", raw) if isinstance(raw, dict) else raw
+        try:
+            m = get_model(raw) if isinstance(raw, (dict, str)) else None
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--model {model}: {str(exc).splitlines()[0]}") from None
+        if m is None:
+            raise ValueError(f"--model {model}: expected a model mapping (family, layers, hidden, …)")
+    else:
+        try:
+            m = get_model(model)
+        except KeyError as exc:
+            raise ValueError(f"--model: {exc.args[0]}") from None
+    return m.model_copy(update={"seq_len": seq_len}) if seq_len else m
+
+
+def _caps(dev: DeviceSpec, caps: list[float] | None, site_cap: float | None,
+          power_matters: bool) -> tuple[float | None, ...]:
+    """Power caps to try: the given ones; else, when energy or a power/thermal limit is part of the
+    request, the default limit and 90 … 50 % of it; else only the default limit (GPUs only)."""
+    if not dev.has_power_sensor:
+        if caps or site_cap:
+            raise ValueError(f"--power-caps/--power-cap: {dev.name} has no power sensor or limit to set; "
+                             "drop the option for a CPU")
+        return (None,)
+    if caps:
+        values: list[float | None] = list(caps)
+    elif power_matters:
+        values = [None] + [round(dev.tdp_w * f / 10) * 10 for f in (0.9, 0.8, 0.7, 0.6, 0.5)]
+    else:  # caps only slow a throughput search down: each is a slower, cooler copy of the same layout
+        values = [None]
+    for v in values:
+        if v is not None and not dev.idle_w < v <= 100_000:
+            raise ValueError(f"--power-caps: {v:g} W is not above {dev.name}'s idle draw ({dev.idle_w:g} W); "
+                             f"use caps between {dev.idle_w:g} and {dev.tdp_w:g} W")
+    if site_cap is not None:
+        values = [site_cap if v is None or v > site_cap else v for v in values]
+    return tuple(dict.fromkeys(values))
+
+
+def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: int, *, seq_len: int | None = None,
+                 precision: str | None = None, engine: str | None = None,
+                 constraints: Constraints = Constraints(), objective: Objective = Objective(),
+                 power_caps: list[float] | None = None, clock_locks: list[float] | None = None,
+                 max_vp: int = 8) -> Request:
+    """Check the inputs (one-line ``ValueError`` per bad field) and build the :class:`Request`."""
+    m = load_model(model, seq_len)
+    try:
+        dev = get_device(device)
+    except KeyError as exc:
+        raise ValueError(f"--hardware: {str(exc.args[0]) if exc.args else exc}") from None
+    if nodes < 1 or gpus < 1 or gpus % nodes:
+        raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
+                         "node count")
+    if global_batch < 1:
+        raise ValueError("--global-batch must be ≥ 1")
+    prec = precision or ("fp32" if is_cpu_name(device) else "bf16")
+    if prec not in ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4"):
+        raise ValueError(f"--precision {prec!r}: use fp32, tf32, bf16, fp16, fp8 or fp4")
+    eng = engine or ("builtin" if is_cpu_name(device) else "megatron")
+    if eng not in ENGINES:
+        raise ValueError(f"--engine {eng!r}: use builtin (powertrain's trainer) or megatron (Megatron-LM/NeMo)")
+    if objective.kind not in OBJECTIVES:
+        raise ValueError(f"--objective {objective.kind!r}: use one of {', '.join(OBJECTIVES)}")
+    if objective.kind == "time" and not objective.tokens:
+        raise ValueError("--objective time needs --tokens N (tokens to train)")
+    if objective.kind == "cost" and (objective.gpu_hour_price is None or objective.kwh_price is None
+                                     or not objective.tokens):
+        raise ValueError("--objective cost needs --tokens, --gpu-hour-price and --kwh-price")
+    if objective.kind in ("energy", "cost", "pareto") and not dev.has_power_sensor:
+        raise ValueError(f"--objective {objective.kind}: {dev.name} has no power model (no sensor); "
+                         "use --objective throughput or time")
+    if not 0 <= constraints.mem_headroom < 1:
+        raise ValueError("--mem-headroom is a share of device memory: give 0 ≤ it < 1 (e.g. 0.1)")
+    locks = tuple(clock_locks or ())
+    for r in locks:
+        if not 0.1 <= r < 1:
+            raise ValueError(f"--clock-locks {r:g}: give fractions of the maximum SM clock, 0.1 ≤ f < 1")
+    if locks and not dev.has_power_sensor:
+        raise ValueError(f"--clock-locks: {dev.name} has no clock control; drop the option for a CPU")
+    return Request(model=m, device_name=device, device=dev, nodes=nodes, devices_per_node=gpus // nodes,
+                   global_batch=global_batch, precision=prec, engine=eng, constraints=constraints,
+                   objective=objective, power_caps=_caps(dev, power_caps, constraints.power_cap_w,
+                                                        _power_matters(constraints, objective)),
+                   clock_locks=locks, max_vp=max_vp)
+
+
+def _power_matters(c: Constraints, o: Objective) -> bool:
+    return o.kind in ("energy", "cost", "pareto") or c.node_kw is not None or c.rack_kw is not None or \
+        c.max_temp_c is not None or c.no_throttle
+
+
+def idle_node_w(req: Request, host_w_per_node: float) -> float:
+    """What one node draws doing nothing: its devices' idle power plus the host."""
+    return req.devices_per_node * req.device.idle_w + host_w_per_node
+
+
+def impossible(req: Request, host_w_per_node: float) -> str | None:
+    """Why no configuration can satisfy ``req`` (one line with the nearest feasible change), or None."""
+    c = req.constraints
+    if not req.device.has_power_sensor:
+        return None
+    idle = idle_node_w(req, host_w_per_node)
+    if c.node_kw is not None and c.node_kw * 1000 <= idle:
+        return (f"--node-kw {c.node_kw:g}: below one node's idle draw ({idle / 1000:.2f} kW: "
+                f"{req.devices_per_node} × {req.device.idle_w:g} W idle + {host_w_per_node:g} W host); "
+                f"raise it above {idle / 1000:.2f} kW or use fewer GPUs per node")
+    per_rack = c.nodes_per_rack or req.nodes
+    if c.rack_kw is not None and c.rack_kw * 1000 <= idle * per_rack:
+        return (f"--rack-kw {c.rack_kw:g}: below the idle draw of its {per_rack} node(s) "
+                f"({idle * per_rack / 1000:.2f} kW); raise it above {idle * per_rack / 1000:.2f} kW")
+    if c.max_temp_c is not None and c.max_temp_c <= req.device.thermal.inlet_c:
+        return (f"--max-temp {c.max_temp_c:g} °C: at or below the inlet air ({req.device.thermal.inlet_c:g} °C) "
+                f"no GPU can stay under it; raise it above {req.device.thermal.inlet_c + 10:g} °C")
+    return None

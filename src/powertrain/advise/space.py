@@ -1,0 +1,248 @@
+"""Every candidate configuration of a request, pruned by the planner's rules and by memory before any prediction.
+
+The search space, per request (world ``W`` = nodes × GPUs per node):
+
+* structure — TP, PP, CP among the divisors of ``W`` (DP = W / (TP·PP·CP)); PP schedule 1F1B, GPipe,
+  or interleaved 1F1B with ``v`` virtual stages (``v`` dividing layers/PP, up to ``max_vp``); EP among
+  the divisors of the expert count that divide DP·CP; FSDP on/off; sequence parallel on/off (TP > 1);
+  micro-batch among the divisors of global batch / DP;
+* memory knobs — recompute none / selective / full; distributed optimizer (not with FSDP);
+* overlap flags — TP-comm overlap (TP > 1), DP gradient-reduce overlap (DP > 1, no FSDP), FSDP
+  prefetch (FSDP), parameter-gather overlap (distributed optimizer);
+* power — each power cap and SM clock lock of the request.
+
+Each structure × micro-batch is checked once with :func:`powertrain.spec.validate.validate` — the
+same rules ``plan`` applies — on a RunConfig built for it (rules do not depend on the memory,
+overlap or power knobs). For the ``megatron`` engine the rules that are limits of the built-in
+trainer only (:data:`TRAINER_ONLY_RULES`) do not reject. Memory is checked with the predictor's
+:func:`~powertrain.predict.memory_per_device` per structure × memory knobs (overlap and power do not
+change it), against capacity × (1 − headroom). Only survivors become :class:`Candidate` s.
+
+A clock lock is modelled as the power cap that gives the same compute clock
+(:func:`powertrain.predict.power.clock_factor` inverted): the predictor's power model has the
+clock as its only free variable, so the two are the same point for it. That is an estimate: a real
+lock also lowers the memory-bound phases' power, which this model does not see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from powertrain.advise.request import Request
+from powertrain.plan.planner import TRAINER_LIMIT_RULES
+from powertrain.predict import Calibration, Case, Coefficients, memory_per_device
+from powertrain.predict.case import case_from_run_config
+from powertrain.predict.power import phase_powers
+from powertrain.spec.layout import Layout
+from powertrain.spec.run import Hardware, Knobs, RunConfig
+from powertrain.spec.validate import validate
+
+# Rules that only the built-in trainer imposes (Megatron-LM / NeMo run these configurations).
+TRAINER_ONLY_RULES = TRAINER_LIMIT_RULES | {"context_parallel_unsupported", "tied_embeddings_unsupported",
+                                            "fsdp_with_ep", "data_path", "byte_vocab"}
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One configuration to predict: the flat Case plus what a spec needs that a Case does not hold."""
+
+    case: Case
+    layout: Layout  # resolved (dp set); pp_split even
+    clock_lock: float | None = None  # fraction of the maximum SM clock, None: not locked
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        c = self.case
+        parts = [self.layout.label()]
+        if c.pp > 1:
+            parts.append({"1f1b": "1F1B", "gpipe": "GPipe", "interleaved_1f1b": "I1F1B"}[c.pp_schedule])
+        parts.append(f"mb{c.micro_batch}")
+        parts.append({"none": "rc-none", "selective": "rc-sel", "full": "rc-full"}[c.recompute])
+        if c.distributed_optimizer:
+            parts.append("distopt")
+        ov = [n for n, on in (("tp", c.overlap_tp and c.tp > 1), ("dp", c.overlap_dp and c.dp > 1 and not c.fsdp),
+                              ("fsdp", c.overlap_fsdp and c.fsdp), ("pg", c.overlap_param_gather)) if on]
+        if ov:
+            parts.append("ov-" + "+".join(ov))
+        if self.clock_lock is not None:
+            parts.append(f"clk{self.clock_lock:.0%}")
+        elif c.power_limit_w is not None:
+            parts.append(f"{c.power_limit_w:.0f}W")
+        return " ".join(parts)
+
+
+@dataclass
+class SpaceStats:
+    """How many candidates the space held and where they were pruned (each counted once)."""
+
+    enumerated: int = 0
+    rejected_rules: int = 0
+    rejected_memory: int = 0
+    same_as_uncapped: int = 0  # caps/locks that do not bind: the same prediction as no cap
+    kept: int = 0
+    rule_counts: dict[str, int] = field(default_factory=dict)
+    smallest_memory: tuple[float, str] | None = None  # (bytes, label) of the least memory seen
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"enumerated": self.enumerated, "rejected_by_rules": self.rejected_rules,
+                "rejected_by_memory": self.rejected_memory, "caps_not_binding": self.same_as_uncapped,
+                "predicted": self.kept, "rules": dict(sorted(self.rule_counts.items(), key=lambda kv: -kv[1]))}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _schedules(layers: int, pp: int, max_vp: int) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = [("1f1b", 1), ("gpipe", 1)]
+    out += [("interleaved_1f1b", v) for v in range(2, max_vp + 1) if layers % (pp * v) == 0]
+    return out
+
+
+def structures(req: Request) -> Iterator[dict[str, Any]]:
+    """Layout degrees and schedule choices (before any rule): dicts of Layout keyword arguments."""
+    m, w = req.model, req.world
+    experts = m.experts if m.is_moe else 1
+    for tp in divisors(w):
+        for pp in divisors(w // tp):
+            for cp in divisors(w // (tp * pp)):
+                if cp > 1 and m.seq_len % (2 * cp):
+                    continue  # CP splits each sequence in 2·cp chunks (load-balanced causal attention)
+                dp = w // (tp * pp * cp)
+                for sched, vp in _schedules(m.layers, pp, req.max_vp):
+                    for ep in divisors(experts):
+                        if (dp * cp) % ep:
+                            continue
+                        for fsdp in (False, True) if dp * cp > 1 else (False,):
+                            for sp in (False, True) if tp > 1 else (False,):
+                                yield {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "fsdp": fsdp,
+                                       "sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": vp}
+
+
+def _knob_variants(lay: dict[str, Any]) -> list[tuple[str, bool]]:
+    """(recompute, distributed optimizer) pairs: the knobs that change memory."""
+    dist = (False,) if lay["fsdp"] or lay["dp"] * lay["cp"] == 1 else (False, True)
+    return [(rc, d) for rc in RECOMPUTE for d in dist]
+
+
+def _overlaps(lay: dict[str, Any], dist: bool) -> list[dict[str, Any]]:
+    """Overlap flag combinations that can matter for this layout (others stay at their default)."""
+    tp = (False, True) if lay["tp"] > 1 else (False,)
+    dp = (False, True) if lay["dp"] * lay["cp"] > 1 and not lay["fsdp"] else (True,)
+    fs = (False, True) if lay["fsdp"] else (True,)
+    pg = (False, True) if dist else (False,)
+    return [{"overlap_tp": a, "overlap_dp": b, "overlap_fsdp": f, "overlap_param_gather": g}  # Any: for replace(**)
+            for a in tp for b in dp for f in fs for g in pg]
+
+
+def lock_as_cap(req: Request, c: Coefficients, ratio: float) -> float:
+    """The power cap at which the model's compute clock equals ``ratio`` of the maximum (see module doc)."""
+    dev = req.device
+    p_c = phase_powers(dev, c)[0]
+    top = min(p_c, dev.tdp_w)
+    # clock_factor: r = ((L − idle)/(P_c − idle))^(1/α) → L = idle + (P_c − idle)·r^α, relative to the
+    # clock the default limit allows
+    base = ((top - dev.idle_w) / (p_c - dev.idle_w)) ** (1 / c.power_clock_exponent) if p_c > dev.idle_w else 1.0
+    return dev.idle_w + (p_c - dev.idle_w) * (base * ratio) ** c.power_clock_exponent
+
+
+def _power_points(req: Request, c: Coefficients) -> list[tuple[float | None, float | None]]:
+    """(power cap, clock lock) points; caps that cannot bind collapse onto the uncapped point."""
+    pts: list[tuple[float | None, float | None]] = [(cap, None) for cap in req.power_caps]
+    pts += [(lock_as_cap(req, c, r), r) for r in req.clock_locks]
+    return pts
+
+
+def validation_config(req: Request, lay: dict[str, Any], mb: int) -> RunConfig:
+    """The RunConfig the planner's rules are checked on for one structure and micro-batch."""
+    layout = Layout(**{k: v for k, v in lay.items() if k != "dp"})
+    knobs = Knobs(micro_batch=mb, global_batch=req.global_batch,
+                  precision="fp32" if req.precision in ("fp32", "tf32") else "bf16")
+    hw = Hardware(nodes=req.nodes, devices_per_node=req.devices_per_node, device=req.device_name)
+    return RunConfig(name="advise", model=req.model, layout=layout, knobs=knobs, hardware=hw)
+
+
+def rule_failures(req: Request, cfg: RunConfig) -> list[str]:
+    """Rules ``cfg`` breaks for this request's engine (trainer-only limits ignored for megatron)."""
+    rules = [v.rule for v in validate(cfg)]
+    if req.engine == "megatron":
+        rules = [r for r in rules if r not in TRAINER_ONLY_RULES]
+    return rules
+
+
+def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceStats | None = None
+                         ) -> Iterator[Candidate]:
+    """Every candidate of ``req`` that the rules and memory allow; ``stats`` counts the rest.
+
+    The request is flattened once (device — for a CPU the calibration's host probe —, model sizes,
+    precision); structures are applied with ``dataclasses.replace``, far cheaper than a RunConfig
+    per candidate.
+    """
+    st = stats if stats is not None else SpaceStats()
+    coeffs = calibration.coefficients
+    power = _power_points(req, coeffs)
+    cap_binds = {cap: cap is not None and _binds(req, coeffs, cap) for cap, _ in power}
+    n_power = len(power)
+    capacity = req.device.memory_bytes * (1 - req.constraints.mem_headroom)
+    base: Case | None = None
+    for lay in structures(req):
+        local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0
+        for mb in divisors(local) if local else [1]:
+            knob_vars = _knob_variants(lay)
+            per_mem = [len(_overlaps(lay, d)) for _, d in knob_vars]
+            n_here = sum(per_mem) * n_power
+            st.enumerated += n_here
+            cfg = validation_config(req, lay, mb)
+            broken = rule_failures(req, cfg)
+            if broken:
+                st.rejected_rules += n_here
+                for r in set(broken):
+                    st.rule_counts[r] = st.rule_counts.get(r, 0) + n_here
+                continue
+            if base is None:
+                base = case_from_run_config(cfg, calibration=calibration)
+            layout = cfg.layout.resolve(req.world)
+            for (rc, dist), n_ov in zip(knob_vars, per_mem, strict=True):
+                case = _with(base, req, lay, mb, rc, dist)
+                need = memory_per_device(case, coeffs)[0]
+                if st.smallest_memory is None or need < st.smallest_memory[0]:
+                    st.smallest_memory = (need, f"{layout.label()} mb{mb} recompute {rc}")
+                if need > capacity:
+                    st.rejected_memory += n_ov * n_power
+                    continue
+                for ov in _overlaps(lay, dist):
+                    for cap, lock in power:
+                        if cap is not None and not cap_binds[cap]:
+                            st.same_as_uncapped += 1
+                            continue
+                        st.kept += 1
+                        yield Candidate(replace(case, power_limit_w=cap, **ov), layout, lock)
+
+
+def _binds(req: Request, c: Coefficients, cap: float) -> bool:
+    """Whether a cap lowers the compute clock at all (else it predicts exactly like no cap)."""
+    return cap < min(req.device.tdp_w, phase_powers(req.device, c)[0])
+
+
+def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist: bool) -> Case:
+    return replace(base, tp=lay["tp"], pp=lay["pp"], cp=lay["cp"], dp=lay["dp"], ep=lay["ep"], fsdp=lay["fsdp"],
+                   sequence_parallel=lay["sequence_parallel"], pp_schedule=lay["pp_schedule"],
+                   vp=lay["virtual_stages"], pp_split="even", micro_batch=mb, global_batch=req.global_batch,
+                   recompute=rc, distributed_optimizer=dist, precision=req.precision,
+                   nodes=req.nodes, devices_per_node=req.devices_per_node, measured_steps=1)
+
+
+def count_space(req: Request, coeffs: Coefficients) -> int:
+    """How many candidates :func:`enumerate_candidates` will enumerate (for a progress bar's total)."""
+    n_power = len(_power_points(req, coeffs))
+    total = 0
+    for lay in structures(req):
+        local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0
+        n_mb = len(divisors(local)) if local else 1
+        total += n_mb * n_power * sum(len(_overlaps(lay, d)) for _, d in _knob_variants(lay))
+    return total
