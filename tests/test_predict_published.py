@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import replace
@@ -57,3 +58,95 @@ def test_default_profile_meets_the_published_accuracy_targets() -> None:
     assert len(errs["dense"]) > 100 and len(errs["moe"]) > 10
     assert float(np.mean(np.abs(errs["dense"]))) <= 0.12
     assert float(np.mean(np.abs(errs["moe"]))) <= 0.20
+
+
+# --- inputs as sources write them (issue 15, point 5) -------------------------------------------------------
+
+@functools.cache
+def _entries() -> list[dict]:
+    return yaml.load(CALIBRATION_RUNS.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["runs"]
+
+
+def test_every_run_is_usable_unless_a_source_left_something_out() -> None:
+    runs = load_published()
+    refused = {r.id: r.skip for r in runs if r.skip}
+    assert all("not published" in why for why in refused.values()), refused
+    assert len(runs) - len(refused) >= 260
+
+
+def _spellings(dev) -> list[str]:
+    fam = {"h100-sxm": "H100", "h100-sxm-96gb": "H100", "h200": "H200", "gb200": "GB200", "gb300": "GB300",
+           "b200": "B200", "b300": "B300", "a100-sxm4-80gb": "A100", "a100-sxm4-40gb": "A100", "v100-sxm2-32gb": "V100",
+           "a40": "A40", "mi300x": "MI300X"}[dev.name]
+    gb = round(dev.memory_bytes / (2**30 * 0.99))
+    return [f"{fam} {gb}GB", f"NVIDIA {fam} {gb}GB HBM3", f"{fam.lower()} {gb}gb", f"{fam}-{gb}GB"]
+
+
+def test_every_run_survives_its_hardware_spelled_another_way() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    for entry in _entries():
+        first = run_from_entry(entry)
+        if first.skip:
+            continue
+        for text in _spellings(first.case.device):
+            again = run_from_entry({**entry, "hardware": {**entry["hardware"], "gpu": text}})
+            assert again.skip is None and again.case.device.name == first.case.device.name, (entry["id"], text)
+
+
+def _torchtitan_entry() -> dict:
+    return next(e for e in _entries() if "torchtitan" in str(e.get("framework", "")).lower()
+                and e["parallel"].get("pp") == 1 and not load_published_one(e).skip)
+
+
+def load_published_one(entry: dict):
+    from powertrain.predict.published import run_from_entry
+
+    return run_from_entry(entry)
+
+
+def test_free_text_vp_is_read_or_assumed_never_a_crash() -> None:
+    entry = next(e for e in _entries() if (e["parallel"].get("pp") or 1) > 1 and e["model"].get("seq_len"))
+    for vp, want in (("interleaved, V not stated", None), ("vp=4", 4), ("none", 1), ("???", 1), (5, 5)):
+        r = load_published_one({**entry, "parallel": {**entry["parallel"], "vp": vp}})
+        assert r.skip is None and r.case is not None
+        if want is None:  # interleaved: the smallest V that divides the stage's layers, and it says so
+            assert r.case.vp >= 2 and r.case.pp_schedule == "interleaved_1f1b"
+            assert any("V not stated" in a for a in r.assumptions)
+        else:
+            assert r.case.vp == want
+    assert any("not understood" in a for a in load_published_one(
+        {**entry, "parallel": {**entry["parallel"], "vp": "???"}}).assumptions)
+
+
+def test_default_recompute_is_the_framework_default_and_says_so() -> None:
+    entry = _torchtitan_entry()
+    r = load_published_one({**entry, "recompute": "config default"})
+    assert r.case.recompute == "selective" and r.recompute_stated
+    assert any("torchtitan" in a and "selective" in a for a in r.assumptions)
+    mt = load_published_one({**entry, "framework": "MaxText", "source": {"ref": "MaxText GPU recipe"}, "recompute": "default"})
+    assert mt.case.recompute == "full" and any("remat_policy" in a for a in mt.assumptions)
+    meg = next(e for e in _entries() if "Megatron-Bridge" in str(e.get("framework")) and not load_published_one(e).skip)
+    assert load_published_one({**meg, "recompute": "default"}).case.recompute == "none"
+
+
+def test_recompute_wordings() -> None:
+    entry = _torchtitan_entry()
+    for text, mode, stated in (("selective (attn)", "selective", True), ("full (uniform)", "full", True),
+                               ("block", "full", True), ("off", "none", True), (None, "none", False),
+                               ("something new", "none", False)):
+        r = load_published_one({**entry, "recompute": text})
+        assert (r.case.recompute, r.recompute_stated) == (mode, stated), text
+    assert load_published_one({**entry, "recompute": "something new"}).assumptions
+
+
+def test_a_broken_entry_is_a_reason_not_a_crash(tmp_path) -> None:
+    good = _entries()[0]
+    bad = {**good, "id": "bad", "parallel": {**good["parallel"], "tp": "eight"}}
+    f = tmp_path / "runs.yaml"
+    f.write_text(yaml.safe_dump({"runs": [good, bad, "not a mapping", {**good, "id": "nogpu",
+                                                                       "hardware": {**good["hardware"], "gpu": "TPU v5p"}}]}))
+    runs = load_published(f)
+    assert [r.skip is None for r in runs] == [True, False, False, False]
+    assert runs[1].skip == "parallel layout not published"
+    assert "not a mapping" in runs[2].skip and "hardware catalog" in runs[3].skip

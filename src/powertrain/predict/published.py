@@ -18,14 +18,15 @@ unless given another path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from powertrain.core.flops import hardware_flops_per_token, model_flops_per_token
-from powertrain.hardware import get_device
+from powertrain.hardware import DeviceSpec, get_device
 from powertrain.predict.case import Case
 
 CALIBRATION_RUNS = Path(__file__).with_name("data") / "calibration_runs.yaml"
@@ -43,6 +44,8 @@ class PublishedRun:
     note: str | None = None
     skip: str | None = None
     raw: dict[str, Any] | None = None
+    # what was assumed where the entry's free text did not say (vp, recompute, FSDP), one line each
+    assumptions: list[str] = field(default_factory=list)
 
 
 SOURCE_SHORT = (
@@ -72,92 +75,210 @@ def _precision(text: str) -> str:
     return "bf16"
 
 
-def _recompute(text: Any) -> str:
-    t = str(text or "none").lower()
-    return "full" if t.startswith("full") else "selective" if t.startswith("selective") else "none"
-
-
 def _era(fw: str, ref: str) -> str:
     f = f"{fw} {ref}".lower()
     if "torchtitan" in f:
         return "torchtitan"
+    if "maxtext" in f:
+        return "maxtext"
     if "2020" in f or "2021" in f or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
         return "megatron-legacy"
     return "megatron-core"
 
 
+# --- free-text fields ---------------------------------------------------------------------------------
+
+# What each framework does when a run leaves recomputation at its default (the run says "default").
+RECOMPUTE_DEFAULTS: dict[str, tuple[str, str]] = {
+    "megatron-core": ("none", "Megatron-LM/NeMo: --recompute-granularity / activations_checkpoint_granularity "
+                              "default to null (no recomputation) unless set"),
+    "megatron-legacy": ("none", "Megatron-LM: --recompute-granularity defaults to None (no recomputation)"),
+    "torchtitan": ("selective", "torchtitan: [activation_checkpoint] mode defaults to 'selective' "
+                                "(torchtitan/config/job_config.py ActivationCheckpoint; its train configs use "
+                                "selective_ac_option 'op'), modelled as selective"),
+    "maxtext": ("full", "MaxText: remat_policy defaults to 'full' (MaxText/configs/base.yml)"),
+}
+_NONE_WORDS = ("none", "no", "off", "false", "disabled", "0", "n/a", "-", "without")
+_DEFAULT_WORDS = ("default", "config default", "framework default", "recipe default")
+
+
+def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
+    """(mode, stated, assumption) of a published ``recompute`` field, whatever its wording.
+
+    ``None``/missing is not stated (the caller searches the least recomputation that fits). "default"
+    takes the framework's default (:data:`RECOMPUTE_DEFAULTS`). Words that name a method map to it
+    (full/uniform/block → full; selective/attention/op/layer → selective; none/off → none). Anything
+    else is treated as not stated, with the assumption saying so.
+    """
+    if value is None:
+        return "none", False, None
+    if value is True:
+        return "full", True, "recompute: true read as full recomputation"
+    if value is False:
+        return "none", True, None
+    t = str(value).strip().lower()
+    if t in _DEFAULT_WORDS or t.startswith("default") or "config default" in t or "framework default" in t:
+        mode, why = RECOMPUTE_DEFAULTS.get(era, RECOMPUTE_DEFAULTS["megatron-core"])
+        return mode, True, f"recompute {value!r}: the framework default, {mode} ({why})"
+    if t.startswith(("full", "uniform", "block")) or "full" in t.split():
+        return "full", True, None
+    if t.startswith("selective") or any(w in t for w in ("selective", "attn", "attention", "core attention")):
+        return "selective", True, None
+    if t in _NONE_WORDS or t.startswith(("none", "no ", "off")):
+        return "none", True, None
+    return "none", False, (f"recompute {value!r} not understood: treated as not stated (the least recomputation "
+                           "that fits is assumed)")
+
+
+def parse_vp(value: Any, layers: int, pp: int) -> tuple[int, str | None]:
+    """(virtual stages, assumption) of a published ``vp`` field.
+
+    A number (or the first number in the text, "vp=4", "V=5") is taken; none/"-"/"no" is 1. Text that
+    says the schedule is interleaved without a number takes the smallest interleaving that divides the
+    stage's layers (2, else 3, …), stated; any other text is 1, stated.
+    """
+    n = _number(value)
+    if n is not None and n >= 1:
+        return int(n), None
+    if value is None:
+        return 1, None
+    t = str(value).strip().lower()
+    if t in _NONE_WORDS or t.startswith(("none", "no ", "not interleaved", "1f1b")):
+        return 1, None
+    per_stage = max(1, layers // max(1, pp))
+    if "interleav" in t or "virtual" in t:
+        v = next((v for v in range(2, per_stage + 1) if per_stage % v == 0), 1)
+        return v, (f"vp {value!r}: interleaved with V not stated; V = {v} assumed (the smallest interleaving that "
+                   f"divides the {per_stage} layers of a stage)")
+    return 1, f"vp {value!r} not understood: no interleaving (V = 1) assumed"
+
+
+def _number(value: Any) -> float | None:
+    """The first number of a field (``8``, ``"8 (TP-comm overlap)"``, ``"1,024"``, ``"8k"``); None if none."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    m = re.search(r"(\d[\d,]*(?:\.\d+)?)\s*([kKmM]?)(?![a-zA-Z])", str(value))
+    if not m:
+        return None
+    x = float(m.group(1).replace(",", ""))
+    return x * {"k": 1024, "m": 1024**2}.get(m.group(2).lower(), 1) if m.group(2) else x
+
+
+def _int(value: Any) -> int | None:
+    n = _number(value)
+    return None if n is None else int(n)
+
+
+# --- one published run -----------------------------------------------------------------------------------
+
+_MODEL_REQUIRED = ("layers", "hidden", "ffn", "heads")
+
+
 def run_from_entry(r: dict[str, Any]) -> PublishedRun:
-    m, hw, par, b = r["model"], r["hardware"], r["parallel"], r["batch"]
-    src = _short_source(r["source"]["ref"])
-    out = PublishedRun(id=r["id"], source=src, gpu=hw["gpu"], arch=m.get("arch", "dense"), case=None,
-                       tokens_per_s_per_gpu=None, raw=r)
-    if not m.get("seq_len"):
-        out.skip = "sequence length not published"
-        return out
-    if par.get("tp") is None or par.get("pp") is None:
-        out.skip = "parallel layout not published"
+    """One entry of the file as a :class:`PublishedRun`; what a prediction needs but the source does not say
+    becomes ``skip`` (its reason), free text that cannot be read becomes an ``assumptions`` line."""
+    m, hw = r.get("model") or {}, r.get("hardware") or {}
+    par, b = r.get("parallel") or {}, r.get("batch") or {}
+    ref = str((r.get("source") or {}).get("ref", ""))
+    out = PublishedRun(id=str(r.get("id")), source=_short_source(ref), gpu=str(hw.get("gpu")),
+                       arch=str(m.get("arch", "dense")), case=None, tokens_per_s_per_gpu=None, raw=r)
+    out.skip = _missing(m, hw, par, b)
+    if out.skip:
         return out
     try:
-        dev = get_device(hw["gpu"])
-    except KeyError:
-        out.skip = f"device {hw['gpu']} not in catalog"
+        dev = get_device(str(hw["gpu"]))
+    except KeyError as exc:  # UnknownDeviceError: the catalog lacks it (its closest entries named)
+        out.skip = f"device not in the hardware catalog: {exc}"
         return out
-    count = int(hw["count"])
-    tp, pp, cp = int(par["tp"]), int(par["pp"]), int(par.get("cp") or 1)
-    dp = int(par.get("dp") or count // (tp * pp * cp))
+    count = int(_int(hw.get("count")) or 0)
+    tp, pp, cp = int(_int(par["tp"]) or 1), int(_int(par["pp"]) or 1), int(_int(par.get("cp")) or 1)
+    dp = int(_int(par.get("dp")) or count // (tp * pp * cp))
     if tp * pp * cp * dp != count:
         out.skip = f"tp·pp·cp·dp = {tp * pp * cp * dp} ≠ {count} devices"
         return out
-    era = _era(str(r.get("framework", "")), r["source"]["ref"])
-    gb = b.get("global")
-    micro = b.get("micro") or (1 if era == "torchtitan" and pp > 1 else b.get("local_batch")) or 1
-    if gb is None:
-        out.skip = "global batch not published"
-        return out
-    fsdp_field = par.get("fsdp")
-    fsdp = (isinstance(fsdp_field, str) and "fsdp" in fsdp_field.lower()) or (
-        isinstance(fsdp_field, int) and fsdp_field > 0) or par.get("zero") == 3
-    caveats = " ".join(str(c) for c in r.get("caveats") or []).lower()
-    experts = int(m.get("experts") or 1)
-    act = str(m.get("activation") or "gelu").lower()
-    prec_text = str(r.get("precision", ""))
-    modern = era == "megatron-core"
-    case = Case(
-        layers=int(m["layers"]), hidden=int(m["hidden"]), ffn=int(m["ffn"]), heads=int(m["heads"]),
-        kv_heads=int(m.get("kv_heads") or m["heads"]), vocab=int(m.get("vocab") or 51200),
-        seq_len=int(m["seq_len"]), experts=experts, top_k=int(m.get("top_k") or 1),
-        moe_ffn=int(m.get("moe_ffn") or 0), shared_experts=int(m.get("shared_experts") or 0),
-        gated=act.startswith("swiglu") or act.startswith("geglu"),
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=int(par.get("ep") or 1), vp=int(par.get("vp") or 1),
-        sequence_parallel=bool(par.get("sequence_parallel")) or (era != "megatron-legacy" and tp > 1),
-        fsdp=bool(fsdp),
-        distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
-        pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if (par.get("vp") or 1) > 1 else "1f1b")),
-        micro_batch=int(micro), global_batch=int(gb), recompute=_recompute(r.get("recompute")),
-        precision=_precision(prec_text),
-        overlap_tp=modern or "asynctp" in prec_text.lower().replace(" ", ""),
-        overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
-        power_limit_w=hw.get("power_limit_w"), lora="lora" in str(r.get("task", "")).lower(),
-        moe_imbalance=1.0 if ("force-balanced" in caveats or r.get("moe_token_drop")) else None,
-        device=dev, nodes=max(1, count // int(hw.get("gpus_per_node") or dev.node.devices_per_node)),
-        devices_per_node=int(hw.get("gpus_per_node") or dev.node.devices_per_node),
-    )
+    era = _era(str(r.get("framework", "")), ref)
+    case = _case(r, m, hw, par, b, dev, era, (tp, pp, cp, dp), out)
+    from powertrain.predict.moe import enrich_case
+
+    case = enrich_case(case, r)  # MoE/attention details, the fp8 recipe (issue 15, predict/moe.py)
     # A layout whose 16-bit weights and fp32 gradients alone exceed the device cannot have run
     # unsharded: the framework's FSDP must have been on (a table cell left at 0).
     from powertrain.core.flops import parameter_counts
 
-    if not fsdp and not case.lora:
+    if not case.fsdp and not case.lora:
         pc = parameter_counts(case)
         params_dev = (sum(pc.values()) - pc["experts"]) / (tp * pp) + pc["experts"] / (tp * pp * case.ep)
         if params_dev * 6 > dev.memory_bytes:
             case.fsdp, case.distributed_optimizer = True, False
             out.note = "FSDP assumed: unsharded weights and gradients exceed device memory"
+            out.assumptions.append(out.note)
     out.case = case
-    out.recompute_stated = r.get("recompute") is not None
-    out.tokens_per_s_per_gpu = _measured_tps(r, case, src)
+    out.tokens_per_s_per_gpu = _measured_tps(r, case, out.source)
     if out.tokens_per_s_per_gpu is None:
         out.skip = "no throughput or step time published"
     return out
+
+
+def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why a prediction cannot be made from what the entry publishes, or None."""
+    if not _int(m.get("seq_len")):
+        return "sequence length not published"
+    lacking = [k for k in _MODEL_REQUIRED if not _int(m.get(k))]
+    if lacking:
+        return f"model size not published ({', '.join(lacking)})"
+    if _int(par.get("tp")) is None or _int(par.get("pp")) is None:
+        return "parallel layout not published"
+    if not hw.get("gpu"):
+        return "device not published"
+    if not _int(hw.get("count")):
+        return "device count not published"
+    if _int(b.get("global")) is None:
+        return "global batch not published"
+    return None
+
+
+def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any],
+          dev: DeviceSpec, era: str, degrees: tuple[int, int, int, int], out: PublishedRun) -> Case:
+    """The Case of an entry whose required fields are present (framework defaults fill the rest)."""
+    tp, pp, cp, dp = degrees
+    count = tp * pp * cp * dp
+    layers = int(_int(m["layers"]) or 1)
+    gb = int(_int(b["global"]) or 1)
+    micro = _int(b.get("micro")) or (1 if era == "torchtitan" and pp > 1 else _int(b.get("local_batch"))) or 1
+    fsdp_field = par.get("fsdp")
+    fsdp = (isinstance(fsdp_field, str) and "fsdp" in fsdp_field.lower()) or (
+        isinstance(fsdp_field, int | float) and not isinstance(fsdp_field, bool) and fsdp_field > 0) or (
+        fsdp_field is True) or par.get("zero") == 3
+    caveats = " ".join(str(c) for c in r.get("caveats") or []).lower()
+    act = str(m.get("activation") or "gelu").lower()
+    prec_text = str(r.get("precision", ""))
+    modern = era == "megatron-core"
+    vp, vp_note = parse_vp(par.get("vp"), layers, pp)
+    recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), era)
+    out.assumptions += [n for n in (vp_note, rc_note) if n]
+    gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
+    return Case(
+        layers=layers, hidden=int(_int(m["hidden"]) or 1), ffn=int(_int(m["ffn"]) or 1),
+        heads=int(_int(m["heads"]) or 1), kv_heads=int(_int(m.get("kv_heads")) or _int(m["heads"]) or 1),
+        vocab=int(_int(m.get("vocab")) or 51200), seq_len=int(_int(m["seq_len"]) or 1),
+        experts=int(_int(m.get("experts")) or 1), top_k=int(_int(m.get("top_k")) or 1),
+        moe_ffn=int(_int(m.get("moe_ffn")) or 0), shared_experts=int(_int(m.get("shared_experts")) or 0),
+        gated=act.startswith("swiglu") or act.startswith("geglu"),
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=int(_int(par.get("ep")) or 1), vp=vp,
+        sequence_parallel=bool(par.get("sequence_parallel")) or (era != "megatron-legacy" and tp > 1),
+        fsdp=bool(fsdp),
+        distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
+        pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if vp > 1 else "1f1b")),
+        micro_batch=int(micro), global_batch=gb, recompute=recompute,
+        precision=_precision(prec_text),
+        overlap_tp=modern or "asynctp" in prec_text.lower().replace(" ", ""),
+        overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
+        power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
+        moe_imbalance=1.0 if ("force-balanced" in caveats or r.get("moe_token_drop")) else None,
+        device=dev, nodes=max(1, count // gpn), devices_per_node=gpn,
+    )
 
 
 def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
@@ -184,5 +305,20 @@ def load_published(path: str | Path | None = None) -> list[PublishedRun]:
     path = Path(path) if path is not None else CALIBRATION_RUNS
     if not path.is_file():
         raise FileNotFoundError(f"calibration file {path} not found; pass the path of a calibration_runs.yaml")
-    raw = yaml.safe_load(path.read_text())
-    return [run_from_entry(r) for r in raw.get("runs", [])]
+    # the C loader when PyYAML has it: the file is 270+ runs, the pure-Python loader takes seconds
+    raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    return [_read_entry(r, i) for i, r in enumerate(raw.get("runs") or [])]
+
+
+def _read_entry(r: Any, i: int) -> PublishedRun:
+    """One entry, never a crash: an entry that is not a mapping, or whose values cannot be read, is
+    kept as skipped with the reason (one bad row does not lose the file)."""
+    if not isinstance(r, dict):
+        return PublishedRun(id=f"#{i}", source="?", gpu="?", arch="?", case=None, tokens_per_s_per_gpu=None,
+                            skip=f"entry {i} is not a mapping")
+    try:
+        return run_from_entry(r)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        return PublishedRun(id=str(r.get("id", f"#{i}")), source="?", gpu=str((r.get("hardware") or {}).get("gpu")),
+                            arch="?", case=None, tokens_per_s_per_gpu=None, raw=r,
+                            skip=f"entry cannot be read ({type(exc).__name__}: {exc})")
