@@ -182,6 +182,11 @@ class FakeGpu:
     field_errors: dict[str, int] = field(default_factory=dict)
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
     failing: int | None = None  # every call raises NVMLError(code), e.g. NVML_ERROR_UNKNOWN
+    # Controls: set calls need this (as NVML needs root); a lock is (min, max) MHz or None.
+    can_set: bool = True
+    sm_lock: tuple[int, int] | None = None
+    mem_lock: tuple[int, int] | None = None
+    history: list[str] = field(default_factory=list)  # every set call, in order ("power 500000", "sm 1200-1500")
 
     def advance(self, seconds: float) -> None:
         """Let time pass at the current power: the energy counter grows by power × time."""
@@ -327,6 +332,46 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetEnforcedPowerLimit", h).power_limit_mw
+
+    # -- controls (power limit, locked clocks) -----------------------------------------------------
+    def _settable(self, fn: str, h: _Handle) -> FakeGpu:
+        g = self._gpu(fn, h)
+        if not g.can_set:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        return g
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetPowerManagementLimit", h).power_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, h: _Handle, limit: int) -> None:
+        g = self._settable("nvmlDeviceSetPowerManagementLimit", h)
+        if not g.power_min_mw <= limit <= g.power_max_mw:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        g.power_limit_mw = int(limit)
+        g.history.append(f"power {int(limit)}")
+
+    def _lock(self, fn: str, h: _Handle, which: str, lo: int | None, hi: int | None) -> None:
+        g = self._settable(fn, h)
+        if lo is not None and hi is not None and not 0 < lo <= hi:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        top = g.clock_sm_max_mhz if which == "sm" else g.clock_mem_max_mhz
+        lock = None if lo is None or hi is None else (int(lo), int(hi))
+        setattr(g, f"{which}_lock", lock)
+        # what the clock then runs at: the top of the lock (clamped to the device's maximum), else the maximum
+        setattr(g, f"clock_{which}_mhz", min(lock[1], top) if lock else top)
+        g.history.append(f"{which} {lo}-{hi}" if lock else f"{which} reset")
+
+    def nvmlDeviceSetGpuLockedClocks(self, h: _Handle, minGpuClockMHz: int, maxGpuClockMHz: int) -> None:
+        self._lock("nvmlDeviceSetGpuLockedClocks", h, "sm", minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, h: _Handle) -> None:
+        self._lock("nvmlDeviceResetGpuLockedClocks", h, "sm", None, None)
+
+    def nvmlDeviceSetMemoryLockedClocks(self, h: _Handle, minMemClockMHz: int, maxMemClockMHz: int) -> None:
+        self._lock("nvmlDeviceSetMemoryLockedClocks", h, "mem", minMemClockMHz, maxMemClockMHz)
+
+    def nvmlDeviceResetMemoryLockedClocks(self, h: _Handle) -> None:
+        self._lock("nvmlDeviceResetMemoryLockedClocks", h, "mem", None, None)
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", h).power_avg_mw

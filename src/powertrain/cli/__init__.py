@@ -17,6 +17,7 @@ from powertrain.cli import monitor as _monitor  # noqa: F401
 from powertrain.cli import plan as _plan  # noqa: F401
 from powertrain.cli import predict as _predict  # noqa: F401
 from powertrain.cli import report as _report  # noqa: F401
+from powertrain.cli import restore as _restore  # noqa: F401
 from powertrain.cli import run as _run  # noqa: F401
 from powertrain.cli import summarize as _summarize  # noqa: F401
 from powertrain.cli import sweep as _sweep  # noqa: F401

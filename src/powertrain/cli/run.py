@@ -38,6 +38,8 @@ def _sweep_spec_error(spec: Path) -> str | None:
     if not isinstance(raw, dict):
         return None
     keys = [k for k in _SWEEP_KEYS if k in raw]
+    if keys == ["launch"] and "model" in raw:  # a run spec's own launch: (device_order), not a sweep's
+        return None
     if not keys:
         return None
     return (f"{spec} is a sweep spec (it has {', '.join(keys)}); use `powertrain plan {spec}` to check it "
@@ -78,6 +80,7 @@ def run(
     master_addr: Annotated[str | None, typer.Option("--master-addr", help="Node 0's address; under srun: the job's first host.", rich_help_panel="Several nodes")] = None,
     master_port: Annotated[int | None, typer.Option("--master-port", help="A free port on node 0; under srun: derived from the job id.", rich_help_panel="Several nodes")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Label of this node's telemetry (default: the host name).", rich_help_panel="Several nodes")] = None,
+    allow_unapplied: Annotated[bool, typer.Option("--allow-unapplied", help="Run even when a device control (knobs.power_limit_w, sm_clock_mhz, mem_clock_mhz) cannot be set here; run.json records it as not applied.")] = False,
 ) -> None:
     """Train SPEC with the built-in reference trainer and leave a complete run directory.
 
@@ -101,6 +104,14 @@ def run(
 
       powertrain run examples/run-gpt-tp2-sp.yaml --check
 
+    Device controls (knobs.power_limit_w, knobs.sm_clock_mhz, knobs.mem_clock_mhz) are set on
+    every device of the node before warm-up, read back into run.json (requested / in effect) and
+    put back when the run ends, however it ends; a run killed with -9 is restored by the next
+    start or by `powertrain restore`. Setting them needs root: without it the run is refused with
+    one line, or runs with --allow-unapplied and records them as not applied.
+
+      powertrain run examples/run-llama-1gpu.yaml --out runs/cap   # with knobs: {power_limit_w: 500}
+
     A sweep spec (base + grid) is run with `powertrain sweep`, not `run`.
     """
     cfg = _checked_config(spec)
@@ -118,7 +129,8 @@ def run(
             out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
                            echo=not quiet, timeout_s=timeout, host=host, nnodes=nodes.nnodes,
-                           node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port)
+                           node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
+                           allow_unapplied=allow_unapplied)
     except (MonitorError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -64,12 +64,21 @@ def sweep_cmd(
     interrupted: Annotated[str, typer.Option("--interrupted", help="With --resume: rerun or fail a run that was cut off.")] = "rerun",
     time_limit_min: Annotated[float | None, typer.Option("--time-limit", help="Minutes per run (default: the spec's).")] = None,
     max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
+    allow_unapplied: Annotated[bool, typer.Option("--allow-unapplied", help="Passed to every run: a device control that cannot be set here is recorded as not applied instead of failing the run.")] = False,
 ) -> None:
     """Plan a sweep, then run every valid run: one after another on this machine (local), or one
     Slurm job per run (slurm). State lives in OUT/sweep.json; Ctrl-C stops after cleaning up the
     current run, and `--resume` picks up where it stopped without re-running what finished.
 
+    A failed run (not one out of memory) is run again up to launch.retries times, after
+    launch.retry_backoff_s seconds, doubled each time; sweep.json keeps every attempt. A power-cap
+    or clock sweep (knobs.power_limit_w, sm_clock_mhz, mem_clock_mhz as axes) sets each value
+    before the run's warm-up and restores the devices after it; it needs root on GPU nodes.
+
     Example:  powertrain sweep examples/cpu-sweep.yaml --out results/cpu && powertrain report results/cpu
+
+    Example:  powertrain sweep examples/study-h200-powercap.yaml --out results/powercap  (Slurm jobs whose
+    runs may set power limits: root, or a prolog that grants it)
     """
     p = load_and_plan(spec, max_points)
     sweep_spec = p.spec
@@ -93,7 +102,8 @@ def sweep_cmd(
     print_plan(p, console=err, show_all=False)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
-                        interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None)
+                        interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None,
+                        allow_unapplied=allow_unapplied)
     runner = SweepRunner(p, folder, opts, on_change=progress.update)
 
     def on_signal(signum: int, _frame: object) -> None:

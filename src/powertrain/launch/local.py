@@ -45,6 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from powertrain.hardware import is_cpu_name, record_host_probe
+from powertrain.launch.controls import (
+    check_node_device,
+    node_controls,
+    restore_left_over,
+    visible_devices_env,
+)
 from powertrain.monitor import Monitor, wait_for_shared_file
 from powertrain.shared_fs import wait_node_samplers
 from powertrain.spec.run import RunConfig
@@ -298,7 +304,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
                  backends: str | list[str] = "auto", echo: bool = True, timeout_s: float | None = None,
                  env: Mapping[str, str] | None = None, nnodes: int = 1, node_rank: int = 0,
                  master_addr: str | None = None, master_port: int | None = None,
-                 host: str | None = None) -> RunResult:
+                 host: str | None = None, allow_unapplied: bool = False,
+                 controls_binding: Any | None = None) -> RunResult:
     """Run this node's share of ``cfg``; returns how it ended (the run directory holds the rest).
 
     One node (``nnodes=1``): the whole run. Several: call it once on every node with the same
@@ -307,22 +314,14 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     node's. ``host`` labels this node's telemetry (default: the host name).
 
     Raises :class:`powertrain.spec.validate.ConfigError` before anything starts when the
-    configuration breaks a rule, and ``ValueError`` when the node options do not fit the spec or it
-    needs more devices than this node has.
+    configuration breaks a rule, and ``ValueError`` as :func:`_check_node` and
+    :func:`powertrain.launch.controls.node_controls` say (``allow_unapplied``: a device control
+    that cannot be set is recorded as not applied; ``controls_binding`` injects its vendor library).
     """
-    check(cfg)
-    if nnodes != cfg.hardware.nodes:
-        how = ("set hardware.nodes: 1 or launch on every node (srun, or --nnodes/--node-rank/--master-addr/"
-               "--master-port)") if nnodes == 1 else f"pass --nnodes {cfg.hardware.nodes}"
-        raise ValueError(f"the spec asks for {cfg.hardware.nodes} node(s) but this launch has {nnodes}; {how}")
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"node rank {node_rank} outside 0…{nnodes - 1}; give each node its own --node-rank")
-    if nnodes > 1 and (not master_addr or not master_port):
-        raise ValueError("several nodes need node 0's address and a free port: --master-addr A --master-port P")
-    dev, count = accelerator()
-    if dev != "cpu" and cfg.hardware.devices_per_node > count:
-        raise ValueError(f"the spec needs {cfg.hardware.devices_per_node} ranks per node but this node has "
-                         f"{count} {dev} devices; set hardware.devices_per_node ≤ {count}")
+    dev = _check_node(cfg, nnodes, node_rank, master_addr, master_port)
+    stand_in = check_node_device(cfg, dev)
+    restored = restore_left_over(controls_binding)  # what a run killed with -9 left on this node
+    env = {**(env or {}), **visible_devices_env(cfg, dev)}
     out = Path(out)
     spec_path = out / "spec.json"
     cmd = torchrun_command(cfg, spec_path, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
@@ -342,12 +341,15 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
             mon.info.update(kind="run", config=cfg.model_dump(mode="json"), layout_label=cfg.layout.label(),
                             world=cfg.world, rank_map=rank_map(cfg, [host] + [None] * (nnodes - 1), dev),
                             backend="nccl" if dev == "cuda" else "gloo")
-            if is_cpu_name(cfg.hardware.device):  # CPU speed as the ranks will see it, kept for predict/analyze
-                mon.info["host_probe"] = record_host_probe(cfg.hardware.devices_per_node, {**os.environ, **(env or {})})
             if nnodes > 1:
                 mon.info["nodes"] = {"count": nnodes, "master": f"{master_addr}:{master_port}"}
-            mon.run.write(mon.info)
-            status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
+            _note_placement(mon.info, cfg, stand_in, restored, env)
+            with node_controls(cfg, str(mon.run.path), allow_unapplied=allow_unapplied,
+                               binding=controls_binding) as controls:
+                if controls is not None:  # restore() completes this same record before run.json's last write
+                    mon.info["controls"] = controls
+                mon.run.write(mon.info)
+                status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
             if nnodes > 1:
                 status, reason = _join_nodes(mon, cfg, nnodes, status, reason, dev)
         except BaseException as exc:
@@ -361,7 +363,11 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     try:
         write_json_atomic(_node_record(mon.run, node_rank), {"node_rank": node_rank, "host": host, "pid": os.getpid()})
         wait_for_shared_file(spec_path, 60.0, "node 0's spec.json")
-        status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
+        with node_controls(cfg, str(mon.run.path), allow_unapplied=allow_unapplied,
+                           binding=controls_binding) as controls:
+            if controls is not None:  # this node's settings reach run.json through its exit record
+                record["controls"] = controls
+            status, reason, code = _supervise(mon, cmd, echo, timeout_s, env, log_name)
         record.update(status=status, reason=reason, exit_code=code,
                       **{k: mon.info[k] for k in _CAUSE_KEYS if k in mon.info})
     except BaseException as exc:
@@ -374,6 +380,46 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
             record.update(status="failed", reason="; ".join(filter(None, [record.get("reason"), mon.sampler_death])))
         write_json_atomic(_node_record(mon.run, node_rank, ".exit"), {**record, "end_ns": time.time_ns()})
     return RunResult(mon.run.path, record["status"], record["reason"], code, record)
+
+
+def _check_node(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | None,
+                master_port: int | None) -> str:
+    """This node's device type, after refusing (ValueError, one line) node options that do not fit the
+    spec, more ranks than this node has devices, and a ``launch.device_order`` naming a missing GPU."""
+    check(cfg)
+    if nnodes != cfg.hardware.nodes:
+        how = ("set hardware.nodes: 1 or launch on every node (srun, or --nnodes/--node-rank/--master-addr/"
+               "--master-port)") if nnodes == 1 else f"pass --nnodes {cfg.hardware.nodes}"
+        raise ValueError(f"the spec asks for {cfg.hardware.nodes} node(s) but this launch has {nnodes}; {how}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank {node_rank} outside 0…{nnodes - 1}; give each node its own --node-rank")
+    if nnodes > 1 and (not master_addr or not master_port):
+        raise ValueError("several nodes need node 0's address and a free port: --master-addr A --master-port P")
+    dev, count = accelerator()
+    if dev != "cpu" and cfg.hardware.devices_per_node > count:
+        raise ValueError(f"the spec needs {cfg.hardware.devices_per_node} ranks per node but this node has "
+                         f"{count} {dev} devices; set hardware.devices_per_node ≤ {count}")
+    order = cfg.launch.device_order
+    if dev != "cpu" and order is not None and max(order) >= count:
+        raise ValueError(f"launch.device_order {order} names GPU {max(order)} but this node has {count} {dev} "
+                         f"devices (0…{count - 1}); list indices below {count}")
+    return dev
+
+
+def _note_placement(info: dict[str, Any], cfg: RunConfig, stand_in: dict[str, Any] | None,
+                    restored: list[dict[str, Any]], env: Mapping[str, str]) -> None:
+    """run.json: the host probe of a CPU run, the stand-in, the rank → GPU order, and what a killed
+    run's left-overs needed restoring at this start."""
+    if is_cpu_name(cfg.hardware.device) or stand_in:  # CPU speed as the ranks see it, for predict/analyze
+        info["host_probe"] = record_host_probe(cfg.hardware.devices_per_node, {**os.environ, **env})
+    if stand_in is not None:
+        info["stand_in"] = stand_in
+    if cfg.launch.device_order is not None:
+        info["device_order"] = list(cfg.launch.device_order)
+        for r in info.get("rank_map", []):
+            r["local_device"] = cfg.launch.device_order[r["local_rank"]]
+    if restored:
+        info["restored_at_start"] = restored
 
 
 def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: str | None,
@@ -390,7 +436,7 @@ def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: 
             hosts.append(None)
     mon.info["rank_map"] = rank_map(cfg, hosts, dev)
     mon.info["hosts"] = sorted({*mon.info.get("hosts", []), *(h for h in hosts if h)})
-    mon.info["nodes"]["exits"] = {str(r): {k: d.get(k) for k in ("host", "status", "reason", "exit_code")}
+    mon.info["nodes"]["exits"] = {str(r): {k: d.get(k) for k in ("host", "status", "reason", "exit_code", "controls")}
                                   if (d := done.get(r)) else None for r in range(1, nnodes)}
     bad = {r: d for r, d in sorted(done.items()) if d.get("status") != "ok"}
     missing = [r for r in range(1, nnodes) if r not in done]

@@ -53,6 +53,7 @@ class SweepOptions:
     time_limit_s: float | None = None
     python: str = sys.executable
     poll_s: float = 0.5
+    allow_unapplied: bool = False  # passed to every `powertrain run`: device controls may stay unapplied
 
 
 def classify_failure(run_dir: Path) -> str:
@@ -128,7 +129,8 @@ def _die_with_parent() -> None:
 
 
 def _run_command(opts: SweepOptions, spec_path: Path, run_dir: Path) -> list[str]:
-    return [opts.python, "-m", "powertrain.cli", "run", str(spec_path), "--out", str(run_dir)]
+    return [opts.python, "-m", "powertrain.cli", "run", str(spec_path), "--out", str(run_dir),
+            *(["--allow-unapplied"] if opts.allow_unapplied else [])]
 
 
 def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit_s: float,
@@ -258,8 +260,10 @@ class SweepRunner:
     """Runs the planned runs of a sweep into ``folder``, persisting state after every change."""
 
     def __init__(self, plan: Plan, folder: Path, opts: SweepOptions,
-                 on_change: Callable[[SweepState, str | None], None] | None = None) -> None:
+                 on_change: Callable[[SweepState, str | None], None] | None = None,
+                 sleep: Callable[[float], None] | None = None) -> None:
         self.plan = plan
+        self._sleep = sleep or self._wait  # the retry back-off's wait (tests pass one that records it)
         self.folder = folder
         self.opts = opts
         self.on_change = on_change or (lambda state, current: None)
@@ -268,6 +272,12 @@ class SweepRunner:
 
     def request_stop(self) -> None:
         self._stop = True
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, cut short by :meth:`request_stop` (Ctrl-C during a back-off stops at once)."""
+        end = time.monotonic() + seconds
+        while not self._stop and (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.2, left))
 
     def _prepare(self) -> SweepState:
         existing = SweepState.load(self.folder)
@@ -303,10 +313,28 @@ class SweepRunner:
             for entry in self.todo():
                 if self._stop:
                     break
-                self._one(entry)
+                self._with_retries(entry["id"])
             self.on_change(self.state, None)
             return self.state
 
+    def _with_retries(self, run_id: str) -> None:
+        """Run ``run_id``; while it fails (not OOM: it would fail again) and ``launch.retries`` allows,
+        wait the back-off (``retry_backoff_s``, doubled each time) and run it again. Each failed attempt
+        is kept: its directory under ``.attempts/`` and ``{attempt, reason, backoff_s}`` in the run's
+        ``retries`` list in sweep.json."""
+        assert self.state is not None
+        launch = self.plan.spec.launch
+        for k in range(launch.retries + 1):
+            self._one(self.state.run(run_id))
+            entry = self.state.run(run_id)
+            if entry.get("status") != "failed" or k == launch.retries or self._stop:
+                return
+            wait = launch.retry_backoff_s * 2**k
+            history = [*entry.get("retries", []), {"attempt": entry.get("attempts"), "reason": entry.get("reason"),
+                                                   "backoff_s": wait, "t": time.time()}]
+            self.state.set(run_id, retries=history, status="planned")
+            self.on_change(self.state, None)
+            self._sleep(wait)
     def _baseline(self) -> None:
         assert self.state is not None
         seconds = Protocol.model_validate(self.plan.spec.base.get("protocol", {})).idle_baseline_s

@@ -95,7 +95,7 @@ class SweepState:
             entry = pr.to_dict()
             prev = previous.get(pr.id)
             if prev and pr.status == "planned" and prev.get("status") in (*FINISHED, "running"):
-                for key in ("status", "reason", "attempts", "started", "ended", "exit_code"):
+                for key in ("status", "reason", "attempts", "started", "ended", "exit_code", "retries"):
                     if key in prev:
                         entry[key] = prev[key]
             if pr.status != "planned":

@@ -63,7 +63,11 @@ class LaunchOptions(BaseModel):
     backend: Literal["local", "slurm"] = "local"
     time_limit_min: float = Field(default=60.0, gt=0, le=525_600, allow_inf_nan=False,
                                   description="per run (at most a year); the run is killed after it")
-    retries: int = Field(default=0, ge=0, le=100, description="automatic re-tries of a failed run")
+    retries: int = Field(default=0, ge=0, le=100, description=(
+        "re-runs of a run that failed (not of one out of memory, which would fail again), each after a "
+        "back-off; every attempt is kept in sweep.json and under .attempts/"))
+    retry_backoff_s: float = Field(default=30.0, ge=0, le=86_400, allow_inf_nan=False,
+                                   description="wait before the first re-try; doubled before each further one")
     partition: str | None = Field(default=None, description="Slurm partition (or comma list)")
     account: str | None = Field(default=None, description="Slurm account")
     qos: str | None = Field(default=None, description="Slurm quality of service (or comma list)")
@@ -112,7 +116,7 @@ class SweepSpec(BaseModel):
 
 
 # -- nested dict helpers --------------------------------------------------------------------------
-_SECTIONS = ("layout", "knobs", "hardware", "protocol", "data")
+_SECTIONS = ("layout", "knobs", "hardware", "protocol", "data", "launch")
 
 
 def _set_dotted(target: dict[str, Any], key: str, value: Any) -> None:

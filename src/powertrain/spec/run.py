@@ -44,10 +44,41 @@ class Knobs(BaseModel):
     recompute: Recompute = "none"
     overlap: Overlap = Overlap()
     precision: Precision = "fp32"
-    power_limit_w: float | None = Field(default=None, gt=0, le=100_000, allow_inf_nan=False)
+    # Device controls (powertrain.control): set on every device of every node before warm-up, read
+    # back, recorded as requested/in effect and restored after the run. None leaves the device as found.
+    power_limit_w: float | None = Field(default=None, gt=0, le=100_000, allow_inf_nan=False,
+                                        description="device power limit (W) set before warm-up")
+    sm_clock_mhz: tuple[int, int] | None = Field(
+        default=None, description="locked SM/graphics clock range [min, max] (MHz); [f, f] pins one clock")
+    mem_clock_mhz: int | None = Field(default=None, ge=1, le=100_000, description="locked memory clock (MHz)")
     seed: int = Field(default=0, ge=-(1 << 63), le=(1 << 64) - 1, description="torch.manual_seed's range")
     lr: float = Field(default=1e-3, gt=0, allow_inf_nan=False)
     moe_aux_coeff: float = Field(default=0.01, ge=0, allow_inf_nan=False, description="weight of the MoE load-balancing loss")
+
+    @field_validator("sm_clock_mhz", mode="before")
+    @classmethod
+    def _clock_range(cls, v: Any) -> Any:
+        """One number pins the clock ([f, f]); a pair is [min, max], each 1…100 000 MHz, min ≤ max."""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            v = [v, v]
+        if isinstance(v, list | tuple):
+            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise ValueError("give [min, max] in whole MHz, e.g. [1200, 1980], or one number to pin the clock")
+            if not 1 <= v[0] <= v[1] <= 100_000:
+                raise ValueError(f"[{v[0]}, {v[1]}] is not a range 1 ≤ min ≤ max ≤ 100000 MHz; put the lower clock first")
+            return tuple(v)
+        return v
+
+    def controls(self) -> dict[str, Any]:
+        """The device controls this configuration asks for (knob → value), empty when none."""
+        out: dict[str, Any] = {}
+        if self.power_limit_w is not None:
+            out["power_limit_w"] = self.power_limit_w
+        if self.sm_clock_mhz is not None:
+            out["sm_clock_mhz"] = list(self.sm_clock_mhz)
+        if self.mem_clock_mhz is not None:
+            out["mem_clock_mhz"] = self.mem_clock_mhz
+        return out
 
 
 class Hardware(BaseModel):
@@ -56,6 +87,9 @@ class Hardware(BaseModel):
     nodes: int = Field(default=1, ge=1, le=MAX_NODES)
     devices_per_node: int = Field(default=1, ge=1, le=MAX_DEVICES_PER_NODE, description="ranks per node")
     device: str = Field(default="cpu", description="device type name from the hardware catalog, or cpu")
+    stand_in: bool = Field(default=False, description=(
+        "the run may train on this node's CPU in place of `device` (a rehearsal: predictions use "
+        "`device`, run.json says stand-in, calibrate refuses it); without it a GPU spec refuses a CPU node"))
 
     @property
     def world(self) -> int:
@@ -95,6 +129,17 @@ class ProfilerOptions(BaseModel):
     in_measured: bool = Field(default=False, description="allow traced steps inside the measured window")
 
 
+class RunLaunch(BaseModel):
+    """How this run's ranks are placed on the node (the sweep's own ``launch:`` options are separate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_order: list[int] | None = Field(
+        default=None, max_length=MAX_DEVICES_PER_NODE,
+        description="local GPU index of each local rank (rank i → device_order[i]), distinct; applied "
+                    "as CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES. Default: rank i on GPU i")
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,6 +151,7 @@ class RunConfig(BaseModel):
     protocol: Protocol = Protocol()
     data: Data = Data()
     profile: ProfilerOptions = ProfilerOptions()
+    launch: RunLaunch = RunLaunch()
 
     @model_validator(mode="before")
     @classmethod

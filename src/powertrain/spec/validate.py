@@ -207,7 +207,83 @@ def rule_device(cfg: RunConfig) -> list[Violation]:
     return []
 
 
-RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch, rule_supported]
+def _vendor(cfg: RunConfig) -> str | None:
+    """The catalog vendor of ``hardware.device`` (``host`` for cpu), None when the name is unknown."""
+    if is_cpu_name(cfg.hardware.device):
+        return "host"
+    try:
+        return get_device(cfg.hardware.device).vendor
+    except UnknownDeviceError:
+        return None  # rule_device names it
+
+
+CONTROL_VENDORS = ("nvidia", "amd")  # vendors whose devices powertrain.control can set
+
+
+def rule_controls(cfg: RunConfig) -> list[Violation]:
+    """Power/clock knobs need a device powertrain can set: refused on the CPU (and unknown vendors)."""
+    asked = cfg.knobs.controls()
+    vendor = _vendor(cfg)
+    if not asked or vendor is None or vendor in CONTROL_VENDORS:
+        return []
+    what = "the CPU backend has no power limit or clock lock powertrain can set" if vendor == "host" else \
+        f"powertrain sets limits on NVIDIA and AMD devices only, and {cfg.hardware.device} is {vendor}"
+    return [Violation("control_needs_gpu",
+                      f"knobs.{', knobs.'.join(asked)} asked on hardware.device {cfg.hardware.device}: {what}",
+                      "drop the knob, or run on an NVIDIA/AMD device (e.g. hardware.device: h200)")]
+
+
+def rule_control_range(cfg: RunConfig) -> list[Violation]:
+    """A power limit above the catalog's default limit (tdp_w) cannot be in effect: refused by name."""
+    limit = cfg.knobs.power_limit_w
+    if limit is None or _vendor(cfg) not in CONTROL_VENDORS:
+        return []
+    dev = get_device(cfg.hardware.device)
+    if limit > dev.tdp_w:
+        return [Violation("power_limit_range",
+                          f"knobs.power_limit_w {limit:g} W is above {dev.name}'s default limit of {dev.tdp_w:g} W, "
+                          "the most a device accepts",
+                          f"use a power limit ≤ {dev.tdp_w:g} W")]
+    return []
+
+
+def rule_async_tp(cfg: RunConfig) -> list[Violation]:
+    """Async TP exists in PyTorch only on CUDA (symmetric memory + the compiler's micro-pipeline TP pass)."""
+    if not (cfg.knobs.overlap.async_tp and cfg.layout.tp > 1) or _vendor(cfg) in ("nvidia", None):
+        return []
+    return [Violation("async_tp_needs_cuda",
+                      f"knobs.overlap.async_tp needs CUDA with symmetric memory and torch.compile's micro-pipeline "
+                      f"TP pass; hardware.device {cfg.hardware.device} has none",
+                      "set knobs.overlap.async_tp: false (it is applied on NVIDIA devices only)")]
+
+
+def rule_device_order(cfg: RunConfig) -> list[Violation]:
+    """``launch.device_order``: one distinct local GPU index per local rank; meaningless on the CPU."""
+    order = cfg.launch.device_order
+    if order is None:
+        return []
+    if _vendor(cfg) == "host":
+        return [Violation("device_order_needs_gpu", "launch.device_order places ranks on GPUs, and "
+                          f"hardware.device is {cfg.hardware.device}", "drop launch.device_order on the CPU")]
+    n = cfg.hardware.devices_per_node
+    if len(order) != n or len(set(order)) != n or min(order) < 0:
+        return [Violation("device_order",
+                          f"launch.device_order {order} must list {n} distinct local GPU indices ≥ 0, "
+                          "one per local rank (hardware.devices_per_node)",
+                          f"give a permutation such as {list(range(n))[::-1]}")]
+    return []
+
+
+def rule_stand_in(cfg: RunConfig) -> list[Violation]:
+    if cfg.hardware.stand_in and is_cpu_name(cfg.hardware.device):
+        return [Violation("stand_in_needs_device", "hardware.stand_in is set but hardware.device is already cpu",
+                          "drop hardware.stand_in, or name the device the CPU stands in for")]
+    return []
+
+
+RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
+                     rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
+                     rule_stand_in]
 
 
 def validate(cfg: RunConfig) -> list[Violation]:

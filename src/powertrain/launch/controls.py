@@ -1,0 +1,131 @@
+"""The launcher's side of device controls: which devices, what the run may start on, and restoring.
+
+* :func:`check_node_device` — ``hardware.device`` must be what this node has: a GPU spec on a node
+  without GPUs is refused unless it says ``hardware.stand_in: true`` (then the CPU trains in its
+  place and run.json says so).
+* :func:`restore_left_over` — the "next start" of :mod:`powertrain.control.ledger`: settings a run
+  killed with ``kill -9`` left on this node are put back before anything else happens.
+* :func:`node_controls` — a context manager around the run's life on this node: apply the spec's
+  controls (before torchrun, so before warm-up), yield the record for run.json, and restore on
+  every way out (normal end, an exception, SIGTERM/SIGHUP turned into one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from powertrain.control.apply import apply_controls, open_controls, restore_stale
+from powertrain.control.interface import ControlRefused
+from powertrain.control.ledger import Ledger, this_owner
+from powertrain.hardware import get_device, is_cpu_name
+from powertrain.spec.run import RunConfig
+
+UNAPPLIED_HINT = ("; nothing was started — or pass --allow-unapplied to run with the device as it is "
+                  "(run.json then records the setting as not applied)")
+
+
+def check_node_device(cfg: RunConfig, node_device_type: str) -> dict[str, Any] | None:
+    """Refuse (ValueError, one line) a GPU spec on a node without GPUs unless it is a declared stand-in.
+
+    Returns the stand-in record for run.json (``{"device", "ran_on"}``), or None when the node has
+    what the spec names."""
+    name = cfg.hardware.device
+    if is_cpu_name(name) or node_device_type != "cpu":
+        return None
+    if not cfg.hardware.stand_in:
+        raise ValueError(f"hardware.device is {name} but this node has no GPU (torch sees only the CPU); "
+                         "run it on a node with that device, or set hardware.stand_in: true to rehearse it "
+                         "on this CPU (run.json records it as a stand-in; calibrate refuses it)")
+    return {"device": name, "ran_on": "cpu"}
+
+
+def device_indices(cfg: RunConfig) -> list[int]:
+    """The local GPU index of each local rank: ``launch.device_order``, else rank i on GPU i."""
+    order = cfg.launch.device_order
+    return list(order) if order is not None else list(range(cfg.hardware.devices_per_node))
+
+
+def visible_devices_env(cfg: RunConfig, node_device_type: str) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` in ``launch.device_order``'s order: local rank
+    i (which uses visible device i) then runs on GPU ``device_order[i]``. Empty without an order."""
+    order = cfg.launch.device_order
+    if order is None:
+        return {}
+    vendor = get_device(cfg.hardware.device).vendor
+    var = "HIP_VISIBLE_DEVICES" if vendor == "amd" else "CUDA_VISIBLE_DEVICES"
+    return {var: ",".join(str(i) for i in order)}
+
+
+def restore_left_over(binding: Any | None = None, *, force: bool = False) -> list[dict[str, Any]]:
+    """Restore every ledger entry of this node whose run is gone (killed with -9); one report per entry.
+    ``force`` restores the entries of live runs too (``powertrain restore --force``).
+
+    Reads the ledger only (no vendor library is loaded when it is empty). A vendor library that
+    cannot start is reported as the entry's problem, and the entry kept."""
+    ledger = Ledger()
+    entries = ledger.entries()
+    reports: list[dict[str, Any]] = []
+    for vendor in sorted({str(e.get("vendor")) for e in entries}):
+        try:
+            controls = open_controls(vendor, binding)
+        except ControlRefused as exc:
+            reports += [{"device": e.get("device"), "run": e.get("owner", {}).get("run"), "problems": [str(exc)]}
+                        for e in entries if e.get("vendor") == vendor]
+            continue
+        try:
+            reports += restore_stale(controls, ledger, force=force)
+        finally:
+            controls.close()
+    return reports
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def node_controls(cfg: RunConfig, run_label: str, *, allow_unapplied: bool = False,
+                  binding: Any | None = None) -> Iterator[dict[str, Any] | None]:
+    """Apply ``cfg``'s device controls on this node for the duration of the block; yields the record
+    for run.json (None when the spec asks for none). Raises ValueError (one line, nothing changed)
+    when a setting is refused and ``allow_unapplied`` is false.
+
+    While the block runs outside the supervisor, SIGTERM and SIGHUP end it with ``SystemExit`` so
+    the restore still runs (the supervisor forwards them itself while torchrun runs)."""
+    requested = cfg.knobs.controls()
+    if not requested:
+        yield None
+        return
+    vendor = get_device(cfg.hardware.device).vendor
+    main = threading.current_thread() is threading.main_thread()  # only there can handlers be set
+    old = {s: signal.signal(s, _raise_exit) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+    try:
+        try:
+            controls = open_controls(vendor, binding)
+        except ControlRefused as exc:
+            if not allow_unapplied:
+                raise ValueError(f"{exc}{UNAPPLIED_HINT}") from None
+            yield {"vendor": vendor, "requested": requested, "allow_unapplied": True, "not_applied": str(exc),
+                   "devices": []}
+            return
+        try:
+            applied = apply_controls(requested, controls, Ledger(), device_indices(cfg), this_owner(run_label),
+                                     allow_unapplied=allow_unapplied)
+        except ControlRefused as exc:
+            controls.close()
+            raise ValueError(f"{exc}{UNAPPLIED_HINT}") from None
+        except OSError as exc:  # the ledger cannot be written: nothing may change without it
+            controls.close()
+            raise ValueError(f"{exc}; nothing was changed and nothing started") from None
+        try:
+            yield applied.record
+        finally:
+            applied.restore()
+            controls.close()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
