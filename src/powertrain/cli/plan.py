@@ -58,9 +58,26 @@ def _gib(v: float | None) -> str:
     return "—" if v is None else f"{v / 2**30:.3g}"
 
 
+def controls_label(knobs: dict[str, object]) -> str:
+    """A run's device controls in a few characters: ``500 W · SM 1200–1500 · mem 2619``, ``—`` when none."""
+    parts = []
+    if "power_limit_w" in knobs:
+        parts.append(f"{knobs['power_limit_w']:g} W")
+    sm = knobs.get("sm_clock_mhz")
+    if isinstance(sm, list):
+        parts.append(f"SM {sm[0]}" if sm[0] == sm[1] else f"SM {sm[0]}–{sm[1]}")
+    if "mem_clock_mhz" in knobs:
+        parts.append(f"mem {knobs['mem_clock_mhz']}")
+    return " · ".join(parts) or "—"
+
+
 def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
-    for col in ("id", "model", "layout", "mb", "gb", "recompute", "mem/dev GiB", "fits", "status", "reason"):
+    # the device controls column only where a run sets one (a power-cap or clock sweep)
+    with_controls = any(r.config and r.config.knobs.controls() for r in p.runs)
+    cols = ("id", "model", "layout", "mb", "gb", "recompute", *(("controls",) if with_controls else ()),
+            "mem/dev GiB", "fits", "status", "reason")
+    for col in cols:
         table.add_column(col, overflow="fold")
     shown = [r for r in p.runs if show_all or r.status != "planned" or r.warnings]
     for r in shown:
@@ -72,6 +89,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             str(c.knobs.micro_batch) if c else "—",
             str(c.knobs.global_batch) if c else "—",
             c.knobs.recompute if c else "—",
+            *((controls_label(c.knobs.controls()) if c else "—",) if with_controls else ()),
             _gib(r.mem_per_device_bytes),
             {True: "yes", False: "no", None: "—"}[r.fits],
             f"[{_STYLE[r.status]}]{r.status}[/]",
@@ -101,7 +119,9 @@ def plan_cmd(
     Every run is validated (world size = product of degrees, heads and KV heads divisible by TP,
     layers ≥ pipeline stages, experts divisible by EP, global batch divisible by micro-batch × DP,
     enough pipeline micro-batches, …) and sized with the analytical memory model. Rejections name the
-    violated rule and a fix; runs whose knobs change nothing for their layout are merged.
+    violated rule and a fix; runs whose knobs change nothing for their layout are merged. A sweep
+    that sets device controls (power limit, clock locks) shows them in a controls column; on the
+    CPU backend such a run is rejected (nothing there to set).
 
     Exit status: 0 when at least one run would launch, 1 when none would (every run rejected or
     unsupported), 2 when the spec itself is refused (one line naming the file and the field).

@@ -107,7 +107,8 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _SHORT = {"microbatch": "mb", "globalbatch": "gb", "recompute": "rc", "sequenceparallel": "sp",
-          "distributedoptimizer": "distopt", "ppschedule": "", "virtualstages": "v", "ppsplit": "split"}
+          "distributedoptimizer": "distopt", "ppschedule": "", "virtualstages": "v", "ppsplit": "split",
+          "powerlimitw": "pl", "smclockmhz": "sm", "memclockmhz": "mem"}
 
 
 def _short(key: str) -> str:
