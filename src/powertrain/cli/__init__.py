@@ -10,6 +10,7 @@ from powertrain.cli.root import app, log_level, main
 __all__ = ["app", "log_level", "main"]
 
 # Command modules register themselves on `app` when imported (after it is bound: some import it from here).
+from powertrain.cli import advise as _advise  # noqa: F401
 from powertrain.cli import calibrate as _calibrate  # noqa: F401
 from powertrain.cli import compare as _compare  # noqa: F401
 from powertrain.cli import importer as _importer  # noqa: F401
