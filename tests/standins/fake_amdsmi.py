@@ -23,6 +23,7 @@ AMDSMI_STATUS_SUCCESS = 0
 AMDSMI_STATUS_INVAL = 1
 AMDSMI_STATUS_NOT_SUPPORTED = 2
 AMDSMI_STATUS_DRM_ERROR = 6
+AMDSMI_STATUS_NO_PERM = 10
 AMDSMI_STATUS_IO = 12
 AMDSMI_STATUS_INIT_ERROR = 18
 AMDSMI_STATUS_NOT_FOUND = 31
@@ -33,6 +34,7 @@ _ERROR_INFO = {
     AMDSMI_STATUS_INVAL: "AMDSMI_STATUS_INVAL - Invalid parameters",
     AMDSMI_STATUS_NOT_SUPPORTED: "AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported",
     AMDSMI_STATUS_DRM_ERROR: "AMDSMI_STATUS_DRM_ERROR - Error when called libdrm",
+    AMDSMI_STATUS_NO_PERM: "AMDSMI_STATUS_NO_PERM - Permission Denied",
     AMDSMI_STATUS_IO: "AMDSMI_STATUS_IO - I/O Error",
     AMDSMI_STATUS_INIT_ERROR: "AMDSMI_STATUS_INIT_ERROR - Initialization error",
     AMDSMI_STATUS_NOT_FOUND: "AMDSMI_STATUS_NOT_FOUND - Device Not found",
@@ -126,6 +128,19 @@ class AmdSmiClkType(IntEnum):
     DCLK1 = 9
 
 
+class AmdSmiDevPerfLevel(IntEnum):
+    AUTO = 0
+    LOW = 1
+    HIGH = 2
+    MANUAL = 3
+    STABLE_STD = 4
+    STABLE_PEAK = 5
+    STABLE_MIN_MCLK = 6
+    STABLE_MIN_SCLK = 7
+    DETERMINISM = 8
+    UNKNOWN = 0x100
+
+
 class AmdSmiMemoryType(IntEnum):
     VRAM = 0
     VIS_VRAM = 1
@@ -168,6 +183,11 @@ class FakeAmdGpu:
     fan_speed: int | None = None  # 0..255; None: no fan (passively cooled), NOT_SUPPORTED
     unsupported: set[str] = field(default_factory=set)  # function names that raise NOT_SUPPORTED
     failing: int | None = None  # every call raises AmdSmiLibraryException(code)
+    # Controls: set calls need this (as amdsmi needs root); a clock range is (min, max) MHz or None.
+    can_set: bool = True
+    gfx_range: tuple[int, int] | None = None
+    mem_range: tuple[int, int] | None = None
+    perf_level: str = "AUTO"
 
     def advance(self, seconds: float, watts: float | None = None) -> None:
         """Let time pass: the energy accumulator grows by power × time."""
@@ -193,6 +213,7 @@ class FakeAmdSmi:
     AmdSmiTemperatureMetric = AmdSmiTemperatureMetric
     AmdSmiClkType = AmdSmiClkType
     AmdSmiMemoryType = AmdSmiMemoryType
+    AmdSmiDevPerfLevel = AmdSmiDevPerfLevel
 
     def __init__(self, gpus: list[FakeAmdGpu] | None = None, *, init_error: int | None = None) -> None:
         self.gpus = list(gpus if gpus is not None else [FakeAmdGpu()])
@@ -314,6 +335,41 @@ class FakeAmdSmi:
     def amdsmi_get_gpu_vram_usage(self, h: Any) -> dict[str, int]:
         g = self._gpu("amdsmi_get_gpu_vram_usage", h)
         return {"vram_total": g.vram_total // 2**20, "vram_used": g.vram_used // 2**20}
+
+    # -- controls ----------------------------------------------------------------------------------
+    def _settable(self, fn: str, h: Any) -> FakeAmdGpu:
+        g = self._gpu(fn, h)
+        if not g.can_set:
+            raise AmdSmiLibraryException(AMDSMI_STATUS_NO_PERM)
+        return g
+
+    def amdsmi_set_power_cap(self, h: Any, sensor_ind: int, cap: int) -> None:
+        if not isinstance(sensor_ind, int) or not isinstance(cap, int):
+            raise AmdSmiParameterException(cap, int)
+        g = self._settable("amdsmi_set_power_cap", h)
+        if not 0 <= cap <= g.default_power_cap_uw:
+            raise AmdSmiLibraryException(AMDSMI_STATUS_INVAL)
+        g.power_cap_uw = cap
+
+    def amdsmi_set_gpu_clk_range(self, h: Any, min_clk_value: int, max_clk_value: int,
+                                 clk_type: AmdSmiClkType) -> None:
+        self._enum(clk_type, AmdSmiClkType)
+        g = self._settable("amdsmi_set_gpu_clk_range", h)
+        if clk_type == AmdSmiClkType.GFX:
+            g.gfx_range, g.gfx_clk = (min_clk_value, max_clk_value), min(max_clk_value, g.gfx_max)
+        elif clk_type == AmdSmiClkType.MEM:
+            g.mem_range, g.mem_clk = (min_clk_value, max_clk_value), min(max_clk_value, g.mem_max)
+        else:
+            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
+        g.perf_level = "MANUAL"
+
+    def amdsmi_set_gpu_perf_level(self, h: Any, perf_level: AmdSmiDevPerfLevel) -> None:
+        self._enum(perf_level, AmdSmiDevPerfLevel)
+        g = self._settable("amdsmi_set_gpu_perf_level", h)
+        g.perf_level = perf_level.name
+        if perf_level == AmdSmiDevPerfLevel.AUTO:
+            g.gfx_range = g.mem_range = None
+            g.gfx_clk, g.mem_clk = g.gfx_max, g.mem_max
 
     def amdsmi_get_power_cap_info(self, h: Any) -> dict[str, int]:
         g = self._gpu("amdsmi_get_power_cap_info", h)

@@ -108,6 +108,9 @@ class AppliedControls:
                  entries: list[dict[str, Any]]) -> None:
         self.controls, self.ledger, self.record, self._entries = controls, ledger, record, entries
         self.restored = False
+        # key → knobs actually set (a refused set changed nothing and is not "restored"); the ledger
+        # itself lists every knob about to change, which is all a restore after kill -9 can go by
+        self.done: dict[str, list[str]] = {e["key"]: [] for e in entries}
 
     def restore(self) -> dict[str, Any]:
         """Put every changed setting back, drop the ledger entries; the outcome is also kept in ``record``."""
@@ -116,7 +119,7 @@ class AppliedControls:
         problems: list[str] = []
         keys = {e["key"] for e in self._entries}
         for e in self._entries:
-            problems += restore_entry(self.controls, e)
+            problems += restore_entry(self.controls, {**e, "changed": self.done[e["key"]]})
         with self.ledger.locked() as entries:
             if problems:  # kept for `powertrain restore`
                 for e in entries:
@@ -201,6 +204,7 @@ def apply_controls(requested: dict[str, Any], controls: DeviceControls, ledger: 
                     continue
                 try:
                     settings[knob] = _set_one(controls, d, knob, requested[knob])
+                    applied.done[entry["key"]].append(knob)
                 except ControlRefused as exc:
                     if not allow_unapplied:
                         raise
@@ -211,4 +215,5 @@ def apply_controls(requested: dict[str, Any], controls: DeviceControls, ledger: 
     except BaseException:
         applied.restore()
         raise
+    record["t_applied_ns"] = time.time_ns()  # every setting is in place from here: before torchrun starts
     return applied
