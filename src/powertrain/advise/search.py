@@ -171,9 +171,24 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     for p in chosen:
         pred = predict(p.cand.case, cal)
         top.append(Ranked(p, pred, throughput_interval(pred, p.cand.case.is_moe)))
+    lines = explain(top[0], top[1], req) if len(top) > 1 else ["only one feasible configuration"]
+    runner = _first_clearly_behind(points, top[0].point) if req.objective.kind != "pareto" else None
+    tie = len(top) > 1 and abs(top[1].point.score / top[0].point.score - 1) < 0.005
+    if tie and runner is not None and runner is not top[1].point:
+        pred = predict(runner.cand.case, cal)
+        lines += ["#1 and #2 are a tie within 0.5 %; against the first configuration clearly behind (> 1 %):"]
+        lines += explain(top[0], Ranked(runner, pred, throughput_interval(pred, runner.cand.case.is_moe)), req,
+                       "runner-up")
     return Advice(request=req, calibration=cal.name, stats=stats, points=points, top=top, pareto=front,
-                  explanation=explain(top[0], top[1], req) if len(top) > 1 else ["only one feasible configuration"],
-                  seconds=time.perf_counter() - t0)
+                  explanation=lines, seconds=time.perf_counter() - t0)
+
+
+def _first_clearly_behind(ranked: list[Point], first: Point) -> Point | None:
+    """The best-ranked point whose score is more than 1 % worse than ``first``'s (lists are short-circuited)."""
+    for p in ranked:
+        if abs(p.score - first.score) > 0.01 * abs(first.score):
+            return p
+    return None
 
 
 def _distinct(points: list[Point], n: int) -> list[Point]:
@@ -207,11 +222,11 @@ def step_term_differences(a: Prediction, b: Prediction) -> list[tuple[str, float
     return sorted(terms, key=lambda t: -abs(t[1] - t[2]))
 
 
-def explain(first: Ranked, second: Ranked, req: Request) -> list[str]:
+def explain(first: Ranked, second: Ranked, req: Request, second_name: str = "#2") -> list[str]:
     """Why the top configuration beats the next one: the step-time terms that differ most, and power."""
     a, b = first.prediction, second.prediction
     ta, tb = first.point.step_s, second.point.step_s
-    lines = [f"#1 {first.point.cand.label()}  vs  #2 {second.point.cand.label()}: step {ta:.4g} s vs {tb:.4g} s "
+    lines = [f"#1 {first.point.cand.label()}  vs  {second_name} {second.point.cand.label()}: step {ta:.4g} s vs {tb:.4g} s "
              f"({(ta / tb - 1):+.1%})"]
     diffs = [d for d in step_term_differences(a, b) if abs(d[1] - d[2]) > 1e-3 * max(ta, tb)][:3]
     for k, va, vb in diffs:
