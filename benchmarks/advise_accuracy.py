@@ -69,9 +69,7 @@ def main() -> int:
         groups[job_key(r)].append(r)
     decided = agree_decided = agree_all = total = 0
     same_rel = [0, 0]  # decided pairs measured with one framework release: [pairs, agreeing]
-    print(f"{'pair (same model, GPU, count, batch, seq, precision)':<60} {'published':>22} {'advise':>22}  "
-          "gap  interval  verdict")
-    for key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for _key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         for a, b in itertools.combinations(runs, 2):
             assert a.case is not None and b.case is not None and a.tokens_per_s_per_gpu and b.tokens_per_s_per_gpu
             if layout_key(a.case) == layout_key(b.case):
