@@ -4,13 +4,15 @@ Each device is one thermal mass: ``τ·dT/dt = T_in(slot) + R·P − T``. Its st
 ``T_ss = T_in + R·P_mean`` (temperature follows mean power: τ of tens of seconds is far longer
 than a training step's phases) and it gets within ``δ`` of it after ``τ·ln(|T_ss − T0|/δ)``.
 
-Slots: in an air-cooled 8-device baseboard air flows front to back, so the rear slots
-(``rear_slots_of_8`` of the device's thermal defaults) breathe air pre-heated by the device in
-front: ``T_in = T_inlet + rear_preheat_c_per_kw · P_front/1000``. Liquid-cooled parts have no
-pre-heat.
+Slots: every slot of a node has its own steady temperature (:mod:`powertrain.predict.slot_thermal`):
+its power is the device power × the slot's power ratio, fitted on real 8×H100 logs, and in an
+air-cooled 8-device baseboard, where air flows front to back, the rear slots
+(``rear_slots_of_8`` of the device's thermal defaults) breathe air pre-heated by the front row:
+``T_in = T_inlet + rear_preheat_c_per_kw · P/1000``. Liquid-cooled parts have no pre-heat.
 
-Throttling: when ``T_ss`` exceeds the device's slowdown temperature, the device lowers clocks
-until its mean power gives exactly that temperature: ``P_allowed = (T_slow − T_in)/R``. In a
+Throttling: when a slot's ``T_ss`` exceeds the device's slowdown temperature, that device lowers
+clocks until its mean power gives exactly that temperature (``P_allowed``, solved with the slot's
+ratio and pre-heat). In a
 synchronous job the slowest device sets the step time (a straggler), which the predictor applies.
 
 :func:`fit_thermal` recovers ``R``, ``τ`` and ``T_in`` from a measured power and temperature
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -57,36 +58,36 @@ class SlotThermal:
 
 def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, peak_w: float,
                       burst_s: float, start_c: float | None = None) -> list[SlotThermal]:
-    """Steady-state and peak temperature of the slots of a node at the given power, grouped by inlet."""
+    """Steady-state and peak temperature of every slot of a node at the given device power, one entry per slot.
+
+    Each slot's power is the device power × its fitted power ratio and its inlet is the node inlet plus
+    the rear-row pre-heat (:mod:`powertrain.predict.slot_thermal`); a slot whose steady temperature passes
+    the slowdown temperature throttles, with the device mean power it is allowed.
+    """
+    from powertrain.predict.slot_thermal import rear_slots, slot_power_limit_w, slot_ratios
+
     th = dev.thermal
-    front, rear = _rows(devices_per_node, th.rear_slots_of_8)
+    n = max(1, devices_per_node)
+    ratios = slot_ratios(dev, n)
+    rear = rear_slots(dev, n)
     heat = th.rear_preheat_c_per_kw * mean_w / 1000.0
-    out = []
     t0 = th.inlet_c if start_c is None else start_c
-    rise = th.r_c_per_w * (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
     # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
-    for t_in, members in ((th.inlet_c, front), (th.inlet_c + heat, rear)):
-        if not members:
-            continue
-        steady = t_in + th.r_c_per_w * mean_w
-        peak = steady + rise
+    lift = 1 - math.exp(-burst_s / th.tau_s)
+    out = []
+    for s in range(n):
+        t_in = th.inlet_c + (heat if s in rear else 0.0)
+        steady = t_in + th.r_c_per_w * ratios[s] * mean_w
+        peak = steady + th.r_c_per_w * ratios[s] * (peak_w - mean_w) * lift
         throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
         allowed = None
         if throttled and dev.slowdown_c is not None:
-            allowed = (dev.slowdown_c - t_in) / th.r_c_per_w
+            allowed = slot_power_limit_w(dev, n, s)
             steady = peak = dev.slowdown_c
         gap = abs(steady - t0)
         tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
-        out.append(SlotThermal(members, t_in, steady, peak, throttled, allowed, tts))
+        out.append(SlotThermal((s,), t_in, steady, peak, throttled, allowed, tts))
     return out
-
-
-@lru_cache(maxsize=256)
-def _rows(devices_per_node: int, rear_slots_of_8: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(front slots, rear slots) of a node; a single device has no rear row."""
-    rear = {s for s in rear_slots_of_8 if s < devices_per_node} if devices_per_node >= 2 else set()
-    return (tuple(s for s in range(devices_per_node) if s not in rear),
-            tuple(s for s in range(devices_per_node) if s in rear))
 
 
 def simulate(params: ThermalParams, t_s: np.ndarray, power_w: np.ndarray, start_c: float | None = None) -> np.ndarray:

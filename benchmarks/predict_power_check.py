@@ -1,0 +1,118 @@
+"""Predicted node power against the measured MLPerf node power (GPT-3 175B, 512×H100, SMC, MLPerf v4.0).
+
+Measured: the mean AC power per node over run_start → run_stop of the MLPerf run, read here from the
+raw MLLOG files in ``../shared/data/real/mlperf-v4.0-smc-h100/gpt3-175b_64node_512gpu`` (each node's
+readings time-weighted inside the window, then averaged over the 64 nodes; DC side printed too).
+Predicted: ``powertrain predict`` of the same published run (``mlperf40_smc_gpt3_512gpu_power`` of
+the packaged calibration set: TP4·PP8·DP16, VP12, micro-batch 2, global batch 2048, fp8) with the
+shipped profile: 8 × the predicted mean GPU power + the profile's host power per node.
+Target (issue 15): predicted within 10 % of measured.
+
+    python benchmarks/predict_power_check.py [--data DIR] [--profile default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+from powertrain.predict import load_calibration, predict
+from powertrain.predict.published import load_published
+
+RUN_ID = "mlperf40_smc_gpt3_512gpu_power"
+DEFAULT_DATA = Path(os.environ.get("POWERTRAIN_SHARED", Path(__file__).resolve().parents[2] / "shared")) / (
+    "data/real/mlperf-v4.0-smc-h100/gpt3-175b_64node_512gpu")
+TARGET = 0.10
+
+
+def _mllog(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    out = []
+    with opener(path, "rt", errors="replace") as fh:
+        for line in fh:
+            i = line.find(":::MLLOG ")
+            if i >= 0:
+                try:
+                    out.append(json.loads(line[i + 9:]))
+                except json.JSONDecodeError:
+                    continue  # a truncated line of a 512-rank log
+    return out
+
+
+def run_window_ms(result: Path) -> tuple[int, int]:
+    """(run_start, run_stop) epoch ms of the MLPerf result log."""
+    ev = {e["key"]: int(e["time_ms"]) for e in _mllog(result) if e.get("key") in ("run_start", "run_stop")}
+    return ev["run_start"], ev["run_stop"]
+
+
+def node_mean_w(path: Path, t0: int, t1: int) -> float:
+    """Time-weighted mean of one node's power readings inside [t0, t1] (each reading held until the next)."""
+    pts = sorted((int(e["time_ms"]), float(e["value"])) for e in _mllog(path)
+                 if e.get("key") == "power_reading" and e.get("value") is not None)
+    energy = span = 0.0
+    for (ta, pa), (tb, _) in itertools.pairwise(pts):
+        a, b = max(ta, t0), min(tb, t1)
+        if b > a:
+            energy += pa * (b - a)
+            span += b - a
+    return energy / span
+
+
+def measured_node_power(data: Path) -> dict[str, float]:
+    result = next(data.glob("result_*.txt"))
+    t0, t1 = run_window_ms(result)
+    out = {}
+    for side, folder in (("ac", "power_ac"), ("dc", "power_dc_gz")):
+        files = sorted((data / folder).glob("node_*.txt*"))
+        if files:
+            means = [node_mean_w(f, t0, t1) for f in files]
+            out[side] = sum(means) / len(means)
+            out[f"{side}_nodes"] = len(means)
+            out[f"{side}_min"], out[f"{side}_max"] = min(means), max(means)
+    out["window_s"] = (t1 - t0) / 1000
+    return out
+
+
+def predicted_node_power(profile: str) -> dict[str, float]:
+    run = next(r for r in load_published() if r.id == RUN_ID)
+    assert run.case is not None, run.skip
+    cal = load_calibration(profile)
+    pred = predict(run.case, cal)
+    gpu = pred.metrics["power_mean_w"]
+    host = cal.coefficients.host_w_per_node
+    return {"gpu_mean_w": gpu, "gpu_peak_w": pred.metrics["power_peak_w"], "host_w": host,
+            "node_w": gpu * run.case.devices_per_node + host, "step_s": pred.metrics["step_time_mean_s"],
+            "measured_step_s": float(run.raw["measured"]["iteration_time_s"]) if run.raw else float("nan")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the MLPerf GPT-3 run folder")
+    ap.add_argument("--profile", default="default")
+    args = ap.parse_args()
+    if not args.data.is_dir():
+        print(f"MLPerf data not found at {args.data} (pass --data or set POWERTRAIN_SHARED)", file=sys.stderr)
+        return 2
+    meas = measured_node_power(args.data)
+    pred = predicted_node_power(args.profile)
+    err = pred["node_w"] / meas["ac"] - 1
+    print(f"MLPerf v4.0 GPT-3 175B, 512×H100 (SMC, immersion cooled), run_start→run_stop {meas['window_s']:.0f} s")
+    print(f"  measured node power (AC): {meas['ac']:.0f} W mean over {meas['ac_nodes']:.0f} nodes "
+          f"(node means {meas['ac_min']:.0f}–{meas['ac_max']:.0f} W)")
+    if "dc" in meas:
+        print(f"  measured node power (DC): {meas['dc']:.0f} W")
+    print(f"  predicted node power:     {pred['node_w']:.0f} W = 8 × {pred['gpu_mean_w']:.0f} W GPU mean "
+          f"+ {pred['host_w']:.0f} W host (profile {args.profile!r}; predicted GPU peak {pred['gpu_peak_w']:.0f} W)")
+    print(f"  step time: predicted {pred['step_s']:.2f} s, measured {pred['measured_step_s']:.2f} s")
+    print(f"  error (predicted/measured − 1, AC): {err:+.1%}  target |error| ≤ {TARGET:.0%}: "
+          f"{'met' if abs(err) <= TARGET else 'NOT met'}")
+    return 0 if abs(err) <= TARGET else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
