@@ -16,7 +16,9 @@ PANELS = (
 
 
 def plot_cluster_comparison(points: list[Any], out_stem: str | Path, title: str | None = None) -> list[Path]:
-    """Compare clusters per model, as the study did: throughput, J/token, peak power, hottest slot.
+    """Compare clusters per model, as the study did: throughput, J/token, peak power, hottest slot; and
+    below, the study's physics: peak power against micro-batch (one line per model and layout, per
+    cluster) and per-slot temperature and throttling (:func:`_physics_row`).
 
     ``points`` are :class:`~powertrain.predict.study.StudyPoint` (or objects with ``cluster``,
     ``model`` and ``prediction``). For each model and cluster the bar shows the configuration with
@@ -36,7 +38,8 @@ def plot_cluster_comparison(points: list[Any], out_stem: str | Path, title: str 
     clusters = sorted({c for _, c in groups})
     models = [m for m in MODELS if any((m, c) in groups for c in clusters)]
     models += sorted({m for m, _ in groups} - set(models))
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
+    fig, grid = plt.subplots(2, 4, figsize=(17, 8.6))
+    axes = grid[0]
     width = 0.8 / max(1, len(clusters))
     for ax, (metric, label, _) in zip(axes, PANELS, strict=True):
         for ci, cl in enumerate(clusters):
@@ -63,6 +66,7 @@ def plot_cluster_comparison(points: list[Any], out_stem: str | Path, title: str 
         ax.set_title(f"{label} — predicted", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
+    _physics_row(grid[1], points, clusters)
     fig.suptitle(title or "Predicted: clusters compared per model (bar: fastest fitting configuration; "
                  "whisker: range over fitting configurations)", fontsize=10)
     fig.tight_layout()
@@ -73,3 +77,65 @@ def plot_cluster_comparison(points: list[Any], out_stem: str | Path, title: str 
         fig.savefig(p, dpi=120)
     plt.close(fig)
     return paths
+
+
+def _physics_row(axes: Any, points: list[Any], clusters: list[str]) -> None:
+    """Peak power vs micro-batch per cluster (two panels), per-slot temperature, per-slot throttle share.
+
+    Peak power: the ``recompute`` variant where a point's label names one (the study's micro-batch sweep
+    ran with full recompute and no overlap), else every point; one line per model and layout. Slots:
+    over the fitting configurations of each cluster, the mean steady temperature of each slot (whisker:
+    min–max) and the share of configurations in which the slot throttles.
+    """
+    colours = {m: f"C{i}" for i, m in enumerate(MODELS)}
+    for ax, cl in zip(axes[:2], [*clusters, None, None][:2], strict=True):
+        if cl is None:
+            ax.set_visible(False)
+            continue
+        lines: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+        pts = [p for p in points if p.cluster == cl and p.prediction.metrics.get("power_peak_w") is not None]
+        swept = [p for p in pts if "/recompute/" in f"/{p.label}/"] or pts
+        for p in swept:
+            layout = p.label.split("/")[0]
+            lines[(p.model, layout)].append((p.config.knobs.micro_batch, p.prediction.metrics["power_peak_w"]))
+        for (model, layout), xy in sorted(lines.items()):
+            xy.sort()
+            ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=3, lw=1, alpha=0.8,
+                    color=colours.get(model, "grey"), label=model if layout == min(
+                        lay for m, lay in lines if m == model) else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("micro-batch")
+        ax.set_title(f"{cl}: peak W/GPU vs micro-batch — predicted", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _slot_panels(axes[2], axes[3], points, clusters)
+
+
+def _slot_panels(ax_t: Any, ax_th: Any, points: list[Any], clusters: list[str]) -> None:
+    width = 0.8 / max(1, len(clusters))
+    for ci, cl in enumerate(clusters):
+        per_slot: dict[int, list[tuple[float, bool]]] = defaultdict(list)
+        for p in points:
+            if p.cluster != cl or not p.prediction.fits:
+                continue
+            for s in p.prediction.breakdown.get("slots") or []:
+                per_slot[int(str(s["slot"])[3:])].append((float(s["steady_c"]), bool(s["throttled"])))
+        if not per_slot:
+            continue
+        slots = sorted(per_slot)
+        xs = [s + (ci - (len(clusters) - 1) / 2) * width for s in slots]
+        mean = [sum(t for t, _ in per_slot[s]) / len(per_slot[s]) for s in slots]
+        lo = [m - min(t for t, _ in per_slot[s]) for m, s in zip(mean, slots, strict=True)]
+        hi = [max(t for t, _ in per_slot[s]) - m for m, s in zip(mean, slots, strict=True)]
+        ax_t.bar(xs, mean, width=width * 0.95, yerr=[lo, hi], capsize=2, label=cl)
+        share = [sum(th for _, th in per_slot[s]) / len(per_slot[s]) for s in slots]
+        ax_th.bar(xs, share, width=width * 0.95, label=cl)
+    for ax, title in ((ax_t, "steady °C per slot (whisker: range)"), (ax_th, "share throttling, per slot")):
+        ax.set_xlabel("slot (gpuN)")
+        ax.set_title(f"{title} — predicted", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    lows = [b.get_height() - 3 for b in ax_t.patches]
+    if lows:
+        ax_t.set_ylim(bottom=max(0.0, min(lows)))  # the slot spread is a few degrees: do not start at 0
+    ax_th.set_ylim(0, 1)
