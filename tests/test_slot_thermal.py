@@ -1,0 +1,120 @@
+"""Per-slot node thermal model: coefficients traced to the real 8×H100 logs, spread, throttling per slot."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from powertrain.hardware import get_device
+from powertrain.predict.slot_thermal import (
+    SLOT_FILE,
+    slot_coefficients,
+    slot_offset_c,
+    slot_power_limit_w,
+    slot_ratios,
+    slot_temperature_c,
+    throttle_margin_c,
+)
+from powertrain.predict.thermal import slot_temperatures
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("POWERTRAIN_SHARED", ROOT.parent / "shared"))
+LOGS = SHARED / "data/real/wilkins-nvsmi-h100x8-titanx2/h100x8_gpt8b_ddp"
+
+
+def _fit_script():
+    spec = importlib.util.spec_from_file_location("fit_slot_thermal", ROOT / "benchmarks" / "fit_slot_thermal.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fit_slot_thermal"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_shipped_coefficients_have_a_spread_and_say_where_they_come_from() -> None:
+    co = slot_coefficients()
+    assert len(co.power_ratio) == co.devices_per_node == 8
+    assert sum(co.power_ratio) / 8 == pytest.approx(1.0, abs=1e-3)
+    assert max(co.power_ratio) - min(co.power_ratio) > 0.01  # the measured spread: about 2 %
+    assert "wilkins" in co.source and "no licence" in co.source and len(co.runs) >= 5
+
+
+def test_shipped_coefficients_are_what_the_fit_script_gets_from_the_logs() -> None:
+    if not LOGS.is_dir():
+        pytest.skip(f"real logs not found at {LOGS} (set POWERTRAIN_SHARED)")
+    got = _fit_script().fit(LOGS)
+    assert got["power_ratio"] == pytest.approx(list(slot_coefficients().power_ratio), abs=1e-4)
+
+
+def test_the_fit_reads_implicit_gpu_order_and_keeps_only_steady_training(tmp_path) -> None:
+    mod = _fit_script()
+    rows = ["timestamp, power.draw [W], utilization.gpu [%], memory.used [MiB]"]
+    want = [1.02, 0.98, 1.0, 1.0, 1.01, 0.99, 1.0, 1.0]
+    for i in range(60):
+        busy = i >= 10  # ten idle samples first: never part of the fit
+        for slot in range(8):
+            watts = 500 * want[slot] if busy else 70.0 + slot
+            rows.append(f"2025/07/27 00:00:{i:02d}.000, {watts:.2f} W, {100 if busy else 0} %, 100 MiB")
+    f = tmp_path / "ckpt7.csv"
+    f.write_text("\n".join(rows) + "\n")
+    run = mod.fit_run(f)
+    assert run["steady_samples"] == 50
+    assert run["power_ratio"] == pytest.approx(want, abs=1e-4)
+
+
+def test_every_slot_has_its_own_temperature_and_the_hottest_is_a_rear_slot_with_the_most_power() -> None:
+    dev = get_device("h200")
+    slots = slot_temperatures(dev, 8, mean_w=600.0, peak_w=640.0, burst_s=1.0)
+    assert [s.slots for s in slots] == [(i,) for i in range(8)]
+    temps = [s.steady_c for s in slots]
+    assert len({round(t, 6) for t in temps}) == 8  # non-zero spread, slot by slot
+    ratios = slot_ratios(dev, 8)
+    rear = list(dev.thermal.rear_slots_of_8)
+    hottest = max(range(8), key=lambda i: temps[i])
+    assert hottest == max(rear, key=lambda i: ratios[i])
+    # inside a row the spread is the fitted power spread through R
+    front = [i for i in range(8) if i not in rear]
+    spread = max(temps[i] for i in front) - min(temps[i] for i in front)
+    want = dev.thermal.r_c_per_w * 600.0 * (max(ratios[i] for i in front) - min(ratios[i] for i in front))
+    assert spread == pytest.approx(want)
+
+
+def test_placement_api_agrees_with_the_node_model() -> None:
+    dev = get_device("h100-sxm")
+    for slot in range(8):
+        t = slot_temperature_c(dev, 8, slot, 550.0)
+        assert t == pytest.approx(slot_temperatures(dev, 8, 550.0, 550.0, 0.0)[slot].steady_c)
+        assert throttle_margin_c(dev, 8, slot, 550.0) == pytest.approx(dev.slowdown_c - t)
+        limit = slot_power_limit_w(dev, 8, slot)
+        assert slot_temperature_c(dev, 8, slot, limit) == pytest.approx(dev.slowdown_c)
+    assert min(slot_offset_c(dev, 8, s, 550.0) for s in range(8)) == 0.0
+    assert max(slot_offset_c(dev, 8, s, 550.0) for s in range(8)) > 5.0  # the rear row
+
+
+def test_the_hottest_slot_throttles_first_and_alone() -> None:
+    dev = get_device("h200")
+    limits = {s: slot_power_limit_w(dev, 8, s) for s in range(8)}
+    # a device power between the two hottest slots' limits: exactly one slot throttles
+    lo, hi = sorted(limits.values())[:2]
+    slots = slot_temperatures(dev, 8, mean_w=(lo + hi) / 2, peak_w=(lo + hi) / 2, burst_s=0.0)
+    throttled = [s.slot for s in slots if s.throttled]
+    assert throttled == [min(limits, key=limits.__getitem__)]
+    assert slots[throttled[0]].steady_c == dev.slowdown_c
+    assert slots[throttled[0]].allowed_power_w == pytest.approx(lo)
+
+
+def test_no_fitted_spread_where_the_fit_does_not_apply() -> None:
+    gb = get_device("gb200")  # liquid cooled, 4 per tray: no data, no invented spread
+    assert slot_ratios(gb, 4) == (1.0,) * 4
+    temps = {round(s.steady_c, 6) for s in slot_temperatures(gb, 4, 900.0, 950.0, 1.0)}
+    assert len(temps) == 1
+    assert slot_ratios(replace(get_device("h100-sxm"), cooling="liquid"), 8) == (1.0,) * 8
+
+
+def test_the_shipped_file_is_the_one_the_module_reads() -> None:
+    assert SLOT_FILE.is_file() and "powertrain" in SLOT_FILE.parts
+    assert SLOT_FILE.read_text().startswith("# Per-slot coefficients")
