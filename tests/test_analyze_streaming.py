@@ -4,9 +4,12 @@ whatever its row groups or the size of the chunks it is read in."""
 import json
 
 import duckdb
+import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 import powertrain.analyze.telemetry as tel
+from powertrain.analyze import device_pass
 from powertrain.analyze.summary import summarize_run
 from powertrain.analyze.synthetic import write_run
 from powertrain.schema import TELEMETRY_SCHEMA
@@ -65,21 +68,33 @@ def test_cluster_series_is_the_same_in_small_chunks(tmp_path, monkeypatch):
     assert chunked.equals(whole)
 
 
-def test_segment_pass_reads_one_device_at_a_time(tmp_path):
-    src = write_run(tmp_path / "run", hosts=2, devices_per_host=3, steps=4, rate_hz=10.0)
+def test_device_pass_gives_the_same_summary_in_one_second_chunks(tmp_path, monkeypatch):
+    """Chunks of whole seconds, each device's state carried: energies, counters, gaps, steady times
+    and quantiles are those of one pass over everything, to the last bit."""
+    src = write_run(tmp_path / "run", hosts=2, devices_per_host=3, steps=12, step_s=0.7, straggle_s=0.01,
+                    rate_hz=20.0)
+    whole = _canon(src)
+    monkeypatch.setattr(device_pass, "PASS_CHUNK_ROWS", 1)  # one second per chunk
     con = duckdb.connect()
     try:
-        n = tel.open_telemetry(con, src)
-        batches = list(tel._batches(con, "tel", ["t_ns", "host", "device", "power_w"], None, None))
+        tel.open_telemetry(con, src)
+        w0, w1 = tel.span(con)
+        assert len(list(device_pass.time_chunks(con, "tel", None, None))) >= (w1 - w0) // 1_000_000_000
     finally:
         tel.release(con)
         con.close()
-    assert len(batches) == 6
-    assert sum(b.num_rows for b in batches) == n
-    for b in batches:
-        assert len(set(zip(b["host"].to_pylist(), b["device"].to_pylist(), strict=True))) == 1
-        t = b["t_ns"].to_pylist()
-        assert t == sorted(t)
+    assert _canon(src) == whole
+
+
+def test_exact_quantile_keeps_only_its_tail():
+    rng = np.random.default_rng(3)
+    x = rng.normal(400, 100, 5001)
+    for q in (0.99, 0.01):
+        qt = device_pass._Quantile(x.size, q)
+        for part in np.array_split(x, 17):
+            qt.tail.add(part)
+        assert qt.tail.values.size <= 0.011 * x.size + 2
+        assert qt.value() == pytest.approx(float(np.quantile(x, q)), rel=1e-12)
 
 
 def test_run_without_telemetry_opens_empty(tmp_path):
@@ -88,7 +103,7 @@ def test_run_without_telemetry_opens_empty(tmp_path):
     try:
         assert tel.open_telemetry(con, run.path) == 0
         assert tel.span(con) is None
-        assert list(tel._batches(con, "tel", ["t_ns", "host", "device"], None, None)) == []
+        assert list(device_pass.time_chunks(con, "tel", None, None)) == []
     finally:
         tel.release(con)
         con.close()

@@ -2,13 +2,15 @@
 
 Nothing here loads a whole run's telemetry into Python: DuckDB scans the Parquet files (a host's
 compacted file, or the segments of a run still streaming) for the level statistics and returns one
-row per device; the segment pass (integrals, counter increases, ramps, gaps) streams one device at a
-time through numpy, which avoids a window sort over the whole run. A
-sweep-scale set (hundreds of devices × hours × 10 Hz) so summarises in bounded memory.
+row per device; the segment pass (integrals, counter increases, ramps, gaps, steady time, power
+quantiles) is :mod:`powertrain.analyze.device_pass`, which reads the rows a time chunk at a time and
+carries each device's state, so memory is bounded by a chunk, not by the run's length (a 24 h,
+8-device, 20 Hz run summarises in about the memory of a 1 h one: ``benchmarks/memory_scaling.py``).
 
 Definitions (all over the window ``[w0, w1]``):
 
-* **level statistics** (mean, max, quantiles) use the samples whose ``t_ns`` lies in the window;
+* **level statistics** (mean, max, quantiles) use the samples whose ``t_ns`` lies in the window; the
+  p99 / p01 of power are exact order statistics, linearly interpolated at position (n − 1)·q;
 * **energy** of each device comes from the one integral, :mod:`powertrain.core.energy`: the power
   integral (``window_energy``: trapezoid, interpolated edges, the nearest reading held up to the hold
   limit, null with the reason beyond it) and, where the device has one, its energy counter
@@ -25,33 +27,29 @@ Definitions (all over the window ``[w0, w1]``):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from powertrain.analyze.signal import time_to_steady
-from powertrain.core.counters import unwrap
-from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, counter_window_energy, window_energy, windows_energy
+from powertrain.analyze import device_pass
+from powertrain.analyze.device_pass import GAP_FACTOR as GAP_FACTOR
+from powertrain.analyze.device_pass import INTEGRATED
+from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.tables import telemetry_files
 
 # Seconds of telemetry before and after the window that are scanned to find the samples bracketing
 # the window's edges (more than any hold limit, so a reading just outside the window is found).
 EDGE_MARGIN_S = 30.0
-GAP_FACTOR = 2.5
 POWER_LIMIT_FRACTION = 0.9  # "near the limit": at or above 90 % of the enforced power limit
 
 LEVEL_FIELDS = ("power_w", "power_avg_w", "temp_c", "temp_hotspot_c", "temp_mem_c", "clock_sm_mhz",
                 "clock_mem_mhz", "util_pct", "util_mem_pct", "power_limit_w", "fan_pct", "cpu_util_pct",
                 "load_1m")
 MAX_FIELDS = ("mem_used_bytes", "cgroup_mem_bytes")
-INTEGRATED = ("power_w",)
 COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "energy_j")  # energy_j: core.energy's counter rule
 NOT_IDLE = ~int(Throttle.IDLE) & 0xFFFFFFFF
 SERIES_CHUNK_ROWS = 1 << 18  # rows per query of device_mean_series (its ordered sums hold them)
@@ -146,8 +144,6 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
           for f in LEVEL_FIELDS if f in present],
         *[f"max({f}) AS {f}_max" for f in MAX_FIELDS if f in present],
     ]
-    if "power_w" in present:
-        level += ["quantile_cont(power_w, 0.99) AS power_w_p99", "quantile_cont(power_w, 0.01) AS power_w_p01"]
     if "power_w" in present and "power_limit_w" in present:
         level += [f"avg(CASE WHEN power_w IS NULL OR power_limit_w IS NULL THEN NULL "
                   f"WHEN power_w >= {POWER_LIMIT_FRACTION} * power_limit_w THEN 1.0 ELSE 0.0 END) AS power_above_limit",
@@ -169,16 +165,13 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
                for k, s in by_key.items()}
     seg_fields = [f for f in (*INTEGRATED, *COUNTERS) if f in present]
     energy_fields: list[str] = [f for f in ("power_w", "energy_j") if f in present]
-    seg: dict[tuple[str, str], dict[str, Any]] = {}
     # Time to thermal steady state looks at the whole run (warm-up included), so then the pass reads it all.
     steady = "temp_c" in present
     lo, hi = (None, None) if steady else (w0 - margin, w1 + margin)
-    cols = ["t_ns", "host", "device", *dict.fromkeys([*seg_fields, *energy_fields]), *(["temp_c"] if steady else [])]
-    for batch in _batches(con, name, cols, lo, hi):
-        seg.update(_segments(batch, w0, w1, seg_fields, periods, steady_field="temp_c" if steady else None))
-        for key, row in _energies(batch, w0, w1, energy_fields, sub_windows, hold_limit_s).items():
-            seg.setdefault(key, {}).update(row)
-    for key, row in seg.items():
+    plan = device_pass.Plan(w0, w1, seg_fields, energy_fields, periods,
+                            {k: int(s.get("power_w_n") or 0) for k, s in by_key.items()}, sub_windows, hold_limit_s,
+                            "temp_c" if steady else None)
+    for key, row in device_pass.run_pass(con, name, plan, lo, hi).items():
         if key in by_key:
             by_key[key].update(row)
 
@@ -215,196 +208,3 @@ def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
         "SELECT 0::BIGINT AS t_ns, 0::DOUBLE AS mean, 0::DOUBLE AS total, 0::BIGINT AS n LIMIT 0").to_arrow_table()
 
 
-def _batches(con: duckdb.DuckDBPyConnection, name: str, columns: list[str], t_lo: int | None, t_hi: int | None
-             ) -> Iterator[pa.Table]:
-    """The view's rows in [t_lo, t_hi] (all rows when not given), one device at a time in the order
-    they were written (time, then file and row within it, as the whole-run readers order them), so
-    memory stays bounded by one device's rows rather than a host's or the whole run's."""
-    if (id(con), name) not in _SOURCES:
-        raise KeyError(f"no telemetry view {name!r} on this connection (open_telemetry first)")
-    win = f" AND t_ns BETWEEN {int(t_lo)} AND {int(t_hi)}" if t_lo is not None and t_hi is not None else ""
-    keys = con.execute(f"SELECT DISTINCT host, device FROM {name} ORDER BY host, device").fetchall()
-    for host, device in keys:
-        yield con.sql(f"SELECT {', '.join(columns)} FROM {name}_rows WHERE host = ? AND device = ?{win} "
-                      "ORDER BY t_ns, file, file_row", params=[host, device]).to_arrow_table()
-
-
-def _segments(t: pa.Table, w0: int, w1: int, fields: list[str], periods: dict[tuple[str, str], float | None],
-              steady_field: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
-    """Integrals, counter increases, ramps and gaps per device over segments clipped to [w0, w1]
-    (see the module docstring), vectorised with numpy over one batch of rows."""
-    if t.num_rows < 2:
-        return {}
-    rows = _DeviceRows.of(t)
-    seg = _Segs.of(rows, w0, w1)
-    period = np.array([periods.get(k) or np.nan for k in rows.keys], dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        gap = seg.inside & (seg.dt > GAP_FACTOR * period[seg.g])
-    cov, ncov = seg.per_key_sum(seg.valid, seg.clip)
-    maxint = seg.per_key_max(seg.inside, seg.dt)
-    gaps, _ = seg.per_key_sum(gap, np.ones_like(seg.dt))
-    gap_s, ngap = seg.per_key_sum(gap, seg.dt)
-    cols = _field_sums(t, fields, rows, seg)
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for i, k in enumerate(rows.keys):
-        row: dict[str, Any] = {
-            "covered_s": float(cov[i]) / 1e9 if ncov[i] else None,
-            "max_interval_s": float(maxint[i]) / 1e9 if np.isfinite(maxint[i]) else None,
-            "gaps": int(gaps[i]),
-            "gap_s": float(gap_s[i]) / 1e9 if ngap[i] else None,
-        }
-        for name, (vals, n) in cols.items():
-            row[name] = float(vals[i]) if n[i] else None
-        out[k] = row
-    if steady_field is not None:
-        _add_steady_times(out, t, steady_field, rows)
-    return out
-
-
-def _energies(t: pa.Table, w0: int, w1: int, fields: Sequence[str], sub_windows: tuple[np.ndarray, np.ndarray] | None,
-              hold_limit_s: float) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per device in this batch: its energy over [w0, w1] from :mod:`powertrain.core.energy` — the
-    power integral, the energy counter where it has readings, and per sub-window the power integral
-    with the window as the span (see :func:`device_stats`)."""
-    if t.num_rows == 0 or not fields:
-        return {}
-    rows = _DeviceRows.of(t)
-    series = {f: rows.ordered(t, f) for f in fields}
-    bounds = np.r_[0, np.flatnonzero(~rows.same) + 1, len(rows.codes)]
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for j in range(len(bounds) - 1):
-        lo, hi = bounds[j], bounds[j + 1]
-        ts = rows.ts[lo:hi]
-        row: dict[str, Any] = {}
-        if "power_w" in series:
-            p = series["power_w"][lo:hi]
-            ok = ~np.isnan(p)
-            row["energy_integral"] = window_energy(ts[ok], p[ok], w0, w1, hold_limit_s=hold_limit_s)
-            if sub_windows is not None:
-                row["step_energy_j"], row["step_energy_why"] = windows_energy(
-                    ts[ok], p[ok], sub_windows[0], sub_windows[1], span=(w0, w1), hold_limit_s=hold_limit_s)
-        if "energy_j" in series:
-            c = series["energy_j"][lo:hi]
-            ok = ~np.isnan(c)
-            if ok.any():  # a device without counter readings has no counter figure (not a refused one)
-                # a drop is a reset (the sampler already un-wrapped known moduli): the total continues
-                unwrapped = np.asarray(unwrap(c[ok].tolist(), None), dtype=np.float64)
-                row["energy_counter"] = counter_window_energy(ts[ok], unwrapped, w0, w1, hold_limit_s=hold_limit_s)
-        out[rows.keys[rows.codes[lo]]] = row
-    return out
-
-
-def _split_key(key: str) -> tuple[str, str]:
-    host, device = key.split("\x00", 1)
-    return host, device
-
-
-@dataclass
-class _DeviceRows:
-    """One batch's rows ordered by device, then time: ``order`` indexes the batch, ``codes`` and ``ts``
-    are the device code and time of each ordered row, ``same[i]``: rows i and i+1 are one device's."""
-
-    keys: list[tuple[str, str]]
-    order: np.ndarray
-    codes: np.ndarray
-    ts: np.ndarray
-    same: np.ndarray
-
-    @classmethod
-    def of(cls, t: pa.Table) -> _DeviceRows:
-        key = pc.binary_join_element_wise(t["host"], t["device"], "\x00")
-        enc = pc.dictionary_encode(key).combine_chunks()
-        codes = enc.indices.to_numpy()
-        keys = [_split_key(k) for k in enc.dictionary.to_pylist()]
-        tn = t["t_ns"].to_numpy()
-        order = np.argsort(codes, kind="stable")  # rows usually arrive in time order: a stable sort keeps it
-        c, ts = codes[order], tn[order]
-        same = c[1:] == c[:-1]
-        if np.any(np.diff(ts)[same] < 0):
-            order = np.lexsort((tn, codes))
-            c, ts = codes[order], tn[order]
-            same = c[1:] == c[:-1]
-        return cls(keys, order, c, ts, same)
-
-    def ordered(self, t: pa.Table, field: str) -> np.ndarray:
-        """Column ``field`` as float64 (NaN for nulls), in this order."""
-        return np.asarray(pc.cast(t[field], pa.float64()).to_numpy(zero_copy_only=False)[self.order])
-
-
-@dataclass
-class _Segs:
-    """The segments between consecutive samples of one device: device code ``g``, ends ``t0``/``t1``
-    and length ``dt``; ``a``/``b`` the ends clipped to the window and ``clip`` the clipped length (0 where
-    not ``valid``); ``inside``: the whole segment lies in the window."""
-
-    g: np.ndarray
-    nk: int
-    t0: np.ndarray
-    dt: np.ndarray
-    a: np.ndarray
-    b: np.ndarray
-    clip: np.ndarray
-    valid: np.ndarray
-    inside: np.ndarray
-
-    @classmethod
-    def of(cls, rows: _DeviceRows, w0: int, w1: int) -> _Segs:
-        ts = rows.ts
-        t0, t1 = ts[:-1], ts[1:]
-        dt = (t1 - t0).astype(np.float64)
-        valid = rows.same & (t1 > t0) & (t1 > w0) & (t0 < w1)
-        a = np.maximum(t0, w0)
-        b = np.minimum(t1, w1)
-        clip = np.where(valid, (b - a).astype(np.float64), 0.0)
-        inside = valid & (t0 >= w0) & (t1 <= w1)
-        return cls(rows.codes[:-1], len(rows.keys), t0, dt, a, b, clip, valid, inside)
-
-    def per_key_sum(self, mask: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per device: the sum of ``weights`` over the segments in ``mask``, and how many there were."""
-        return (np.bincount(self.g[mask], weights=weights[mask], minlength=self.nk),
-                np.bincount(self.g[mask], minlength=self.nk))
-
-    def per_key_max(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """Per device: the largest of ``values`` over the segments in ``mask`` (−inf where none)."""
-        out = np.full(self.nk, -np.inf)
-        np.maximum.at(out, self.g[mask], values[mask])
-        return out
-
-
-def _field_sums(t: pa.Table, fields: list[str], rows: _DeviceRows, seg: _Segs
-                ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per device and field: (values, counts) of the steepest ramp of an integrated field, or of the
-    increase and covered time of a counter."""
-    cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    safe_dt = np.where(seg.dt > 0, seg.dt, 1.0)
-    for f in fields:
-        v = rows.ordered(t, f)
-        v0, v1 = v[:-1], v[1:]
-        ok = seg.valid & ~np.isnan(v0) & ~np.isnan(v1)
-        if f in INTEGRATED:  # its integral is core.energy's (see _energies); here only the steepest ramp
-            ramp = seg.per_key_max(ok & seg.inside, np.abs(v1 - v0) / (safe_dt / 1e9))
-            cols[f"{f}_ramp_max"] = (ramp, np.isfinite(ramp).astype(np.int64))
-        else:
-            d = v1 - v0
-            okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
-            cols[f"{f}_delta"] = seg.per_key_sum(okc, d * seg.clip / safe_dt)
-            cols[f"{f}_delta_s"] = seg.per_key_sum(ok, seg.clip / 1e9)
-    return cols
-
-
-def _add_steady_times(out: dict[tuple[str, str], dict[str, Any]], t: pa.Table, field: str, rows: _DeviceRows
-                      ) -> None:
-    """Per device: 1 s means of ``field``, then the time it takes to settle (signal.time_to_steady)."""
-    v = rows.ordered(t, field)
-    c, ts = rows.codes, rows.ts
-    bounds = np.r_[0, np.flatnonzero(~rows.same) + 1, len(c)]
-    for j in range(len(bounds) - 1):
-        lo, hi = bounds[j], bounds[j + 1]
-        vv, tt = v[lo:hi], ts[lo:hi]
-        ok = ~np.isnan(vv)
-        if not ok.any():
-            continue
-        sec = tt[ok] // 1_000_000_000
-        uniq, inv = np.unique(sec, return_inverse=True)
-        means = np.bincount(inv, weights=vv[ok]) / np.bincount(inv)
-        out[rows.keys[c[lo]]][f"{field}_steady_s"] = time_to_steady(uniq.astype(np.float64), means)

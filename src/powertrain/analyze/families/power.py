@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from powertrain.analyze import signal, steps, telemetry
+from powertrain.analyze import device_pass, signal, steps, telemetry
 from powertrain.analyze.families.context import Family, RunContext
 from powertrain.core.energy import WindowEnergy
 
@@ -112,12 +112,23 @@ def _power_levels(ctx: RunContext, pw: list[dict[str, Any]], fam: Family) -> Non
 
 
 def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: int, w1: int) -> float | None:
+    """The exact p99 of these devices' power samples in the window (order statistics at position
+    (n − 1)·0.99, linearly interpolated). DuckDB's top-N keeps only the top 1 % + 2 rows, so memory
+    stays small however long the run (``quantile_cont`` would hold every sample)."""
     hosts = sorted({k[0] for k in keys})
     devices = sorted({k[1] for k in keys})
-    row = con.execute(
-        "SELECT quantile_cont(power_w, 0.99) FROM tel WHERE t_ns BETWEEN ? AND ? "
-        "AND list_contains(?, host) AND list_contains(?, device)", [w0, w1, hosts, devices]).fetchall()[0]
-    return None if row is None or row[0] is None else float(row[0])
+    where = ("t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND list_contains(?, host) "
+             "AND list_contains(?, device)")
+    args = [w0, w1, hosts, devices]
+    n = int(con.execute(f"SELECT count(*) FROM tel WHERE {where}", args).fetchall()[0][0])
+    if not n:
+        return None
+    lo, hi, d = device_pass.quantile_positions(n, 0.99)
+    # descending: order statistic k is row n − 1 − k; fetch rows for hi and lo (the same row when equal)
+    top = con.execute(f"SELECT power_w FROM tel WHERE {where} ORDER BY power_w DESC "
+                      f"LIMIT {2 if hi > lo else 1} OFFSET {n - 1 - hi}", args).fetchall()
+    b, a = float(top[0][0]), float(top[-1][0])
+    return device_pass.lerp(a, b, d)
 
 
 def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) -> None:

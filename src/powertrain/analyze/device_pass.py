@@ -1,0 +1,296 @@
+"""The per-device pass over a run's telemetry, streamed in time chunks with each device's state carried.
+
+:func:`powertrain.analyze.telemetry.device_stats` needs, per device, figures that follow the samples
+in time order: the energy integral (:mod:`powertrain.core.energy`), the energy counter, counter
+increases, the steepest ramp, gaps, the time to thermal steady state and the power quantiles. This
+module reads the telemetry a time chunk at a time (all devices of about ``PASS_CHUNK_ROWS`` rows,
+whole seconds, ordered by device then time as the readers order rows) and keeps per device only
+what the next chunk needs: its last row, running sums, the energy streams' edge state, one mean per
+second of temperature and the tails of its power distribution. Memory is bounded by one chunk, not
+by the run's length (the one-per-second temperature means and the quantile tails — 8 bytes per
+second and per 100 samples of a device — are what still grows, by design small).
+
+Every sum is added in time order, carried from chunk to chunk (``np.cumsum`` is sequential), so the
+figures are those of one whole-series pass to the last bit, whatever the chunk size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from powertrain.analyze.signal import time_to_steady
+from powertrain.core.energy import CounterStream, PowerStream
+
+PASS_CHUNK_ROWS = 1 << 17  # rows (all devices) per query of the pass
+GAP_FACTOR = 2.5
+INTEGRATED = ("power_w",)
+QUANTILES = (("p99", 0.99), ("p01", 0.01))  # of power_w in the window, per device
+
+
+def quantile_positions(n: int, q: float) -> tuple[int, int, float]:
+    """The order statistics (0-based, ascending) that the ``q`` quantile of ``n`` values interpolates
+    between, and the weight of the upper one: the linear method, position (n − 1)·q."""
+    rn = (n - 1) * q
+    lo = math.floor(rn)
+    return lo, math.ceil(rn), rn - lo
+
+
+def lerp(a: float, b: float, d: float) -> float:
+    """Linear interpolation between order statistics ``a`` ≤ ``b`` at weight ``d``, from the nearer end
+    (as numpy's quantile does, so ``d`` near 1 stays exact at ``b``)."""
+    return float(b - (b - a) * (1 - d)) if d >= 0.5 else float(a + (b - a) * d)
+
+
+def _seq(carry: float, w: np.ndarray) -> float:
+    """``carry`` plus the values of ``w`` added one after the other (as one whole-series sum would)."""
+    return carry if w.size == 0 else float(np.cumsum(np.concatenate([[carry], w]))[-1])
+
+
+@dataclass
+class _Tail:
+    """The ``keep`` largest (or smallest) values seen so far."""
+
+    keep: int
+    largest: bool
+    values: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def add(self, v: np.ndarray) -> None:
+        if self.keep <= 0 or v.size == 0:
+            return
+        x = np.concatenate([self.values, v])
+        if x.size > self.keep:
+            x = np.partition(x, x.size - self.keep)[x.size - self.keep:] if self.largest else \
+                np.partition(x, self.keep - 1)[:self.keep]
+        self.values = x
+
+
+@dataclass
+class _Quantile:
+    """An exact quantile of ``n`` values streamed in any order: only the tail it falls in is kept."""
+
+    n: int
+    q: float
+    tail: _Tail = field(init=False)
+
+    def __post_init__(self) -> None:
+        lo, hi, _ = quantile_positions(self.n, self.q) if self.n else (0, 0, 0.0)
+        upper = self.q >= 0.5
+        self.tail = _Tail(self.n - lo if upper else hi + 1, upper)
+
+    def value(self) -> float | None:
+        v = np.sort(self.tail.values)
+        if self.n == 0 or v.size != self.tail.keep:
+            return None
+        lo, hi, d = quantile_positions(self.n, self.q)
+        off = self.n - v.size if self.tail.largest else 0  # v[i] is order statistic i + off
+        return lerp(float(v[lo - off]), float(v[hi - off]), d)
+
+
+@dataclass
+class Plan:
+    """What the pass computes: the window, the fields, each device's nominal period and in-window
+    power count (for its quantiles), the sub-windows and the energy hold limit."""
+
+    w0: int
+    w1: int
+    seg_fields: list[str]
+    energy_fields: list[str]
+    periods: dict[tuple[str, str], float | None]
+    power_n: dict[tuple[str, str], int]
+    sub_windows: tuple[np.ndarray, np.ndarray] | None
+    hold_limit_s: float
+    steady_field: str | None
+
+
+class _Device:
+    """One device's running state; :meth:`result` gives its row of ``device_stats``."""
+
+    def __init__(self, key: tuple[str, str], plan: Plan) -> None:
+        self.key, self.plan = key, plan
+        self.rows = 0
+        self.last_t: int | None = None
+        self.last_v: dict[str, float] = {}
+        self.cov, self.ncov = 0.0, 0
+        self.maxint = -np.inf
+        self.gaps, self.gap_s, self.ngap = 0, 0.0, 0
+        self.ramp: dict[str, float] = {f: -np.inf for f in plan.seg_fields if f in INTEGRATED}
+        self.delta: dict[str, list[Any]] = {f: [0.0, 0, 0.0, 0] for f in plan.seg_fields if f not in INTEGRATED}
+        self.steady: list[tuple[np.ndarray, np.ndarray]] = []
+        self.power = (PowerStream(plan.w0, plan.w1, sub=plan.sub_windows, span=(plan.w0, plan.w1),
+                                  hold_limit_s=plan.hold_limit_s) if "power_w" in plan.energy_fields else None)
+        self.counter: CounterStream | None = None
+        self.unwrap_last: float | None = None
+        self.unwrap_offset = 0.0
+        n = plan.power_n.get(key, 0)
+        self.quantiles = {name: _Quantile(n, q) for name, q in QUANTILES} if "power_w" in plan.seg_fields else {}
+
+    def add(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+        """The device's next rows (time order, later than every row added before)."""
+        self.rows += ts.size
+        self._segments(ts, cols)
+        if self.plan.steady_field is not None:
+            self._steady(ts, cols[self.plan.steady_field])
+        self._energy(ts, cols)
+        if self.quantiles:
+            p = cols["power_w"]
+            inw = p[(ts >= self.plan.w0) & (ts <= self.plan.w1) & ~np.isnan(p)]
+            for qt in self.quantiles.values():
+                qt.tail.add(inw)
+        self.last_t = int(ts[-1])
+        self.last_v = {f: float(cols[f][-1]) for f in self.plan.seg_fields}
+
+    def _segments(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+        """Segments between consecutive samples (the first one from the previous chunk's last row),
+        clipped to the window: coverage, gaps, longest interval, counter increases, steepest ramps."""
+        p = self.plan
+        if self.last_t is not None:
+            ts = np.concatenate([[self.last_t], ts])
+        if ts.size < 2:
+            return
+        t0, t1 = ts[:-1], ts[1:]
+        dt = (t1 - t0).astype(np.float64)
+        valid = (t1 > t0) & (t1 > p.w0) & (t0 < p.w1)
+        a, b = np.maximum(t0, p.w0), np.minimum(t1, p.w1)
+        clip = np.where(valid, (b - a).astype(np.float64), 0.0)
+        inside = valid & (t0 >= p.w0) & (t1 <= p.w1)
+        period = p.periods.get(self.key) or np.nan
+        with np.errstate(invalid="ignore"):
+            gap = inside & (dt > GAP_FACTOR * period)
+        self.cov, self.ncov = _seq(self.cov, clip[valid]), self.ncov + int(valid.sum())
+        if inside.any():
+            self.maxint = max(self.maxint, float(dt[inside].max()))
+        self.gaps += int(gap.sum())
+        self.gap_s, self.ngap = _seq(self.gap_s, dt[gap]), self.ngap + int(gap.sum())
+        safe_dt = np.where(dt > 0, dt, 1.0)
+        for f in p.seg_fields:
+            v = cols[f] if self.last_t is None else np.concatenate([[self.last_v[f]], cols[f]])
+            v0, v1 = v[:-1], v[1:]
+            ok = valid & ~np.isnan(v0) & ~np.isnan(v1)
+            if f in INTEGRATED:  # its integral is core.energy's; here only the steepest ramp
+                sel = ok & inside
+                if sel.any():
+                    self.ramp[f] = max(self.ramp[f], float((np.abs(v1 - v0) / (safe_dt / 1e9))[sel].max()))
+            else:
+                d = v1 - v0
+                okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
+                acc = self.delta[f]
+                acc[0], acc[1] = _seq(acc[0], (d * clip / safe_dt)[okc]), acc[1] + int(okc.sum())
+                acc[2], acc[3] = _seq(acc[2], (clip / 1e9)[ok]), acc[3] + int(ok.sum())
+
+    def _steady(self, ts: np.ndarray, v: np.ndarray) -> None:
+        """1 s means (chunks hold whole seconds, so no second is split between two of them)."""
+        ok = ~np.isnan(v)
+        if ok.any():
+            sec = ts[ok] // 1_000_000_000
+            uniq, inv = np.unique(sec, return_inverse=True)
+            self.steady.append((uniq, np.bincount(inv, weights=v[ok]) / np.bincount(inv)))
+
+    def _energy(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+        if self.power is not None:
+            pw = cols["power_w"]
+            ok = ~np.isnan(pw)
+            self.power.add(ts[ok], pw[ok])
+        if "energy_j" in cols:
+            c = cols["energy_j"]
+            ok = ~np.isnan(c)
+            if ok.any():  # a device without counter readings has no counter figure (not a refused one)
+                if self.counter is None:
+                    self.counter = CounterStream(self.plan.w0, self.plan.w1, hold_limit_s=self.plan.hold_limit_s)
+                self.counter.add(ts[ok], self._unwrap(c[ok]))
+
+    def _unwrap(self, c: np.ndarray) -> np.ndarray:
+        """core.counters' rule without a modulus (a drop is a reset: the total continues), carried
+        from chunk to chunk: the same offsets, added in the same order, as ``unwrap`` of the whole series."""
+        prev = np.concatenate([[np.nan if self.unwrap_last is None else self.unwrap_last], c[:-1]])
+        with np.errstate(invalid="ignore"):
+            inc = np.where(c < prev, prev, 0.0)
+        off = np.cumsum(np.concatenate([[self.unwrap_offset], inc]))[1:]
+        self.unwrap_last, self.unwrap_offset = float(c[-1]), float(off[-1])
+        out: np.ndarray = c + off
+        return out
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.rows >= 2:
+            out.update({
+                "covered_s": self.cov / 1e9 if self.ncov else None,
+                "max_interval_s": self.maxint / 1e9 if np.isfinite(self.maxint) else None,
+                "gaps": self.gaps, "gap_s": self.gap_s / 1e9 if self.ngap else None,
+            })
+            for f, r in self.ramp.items():
+                out[f"{f}_ramp_max"] = r if np.isfinite(r) else None
+            for f, (s, n, s_s, n_s) in self.delta.items():
+                out[f"{f}_delta"] = s if n else None
+                out[f"{f}_delta_s"] = s_s if n_s else None
+        if self.steady:
+            secs = np.concatenate([s for s, _ in self.steady])
+            means = np.concatenate([m for _, m in self.steady])
+            out[f"{self.plan.steady_field}_steady_s"] = time_to_steady(secs.astype(np.float64), means)
+        if self.power is not None:
+            out["energy_integral"] = self.power.energy()
+            if self.plan.sub_windows is not None:
+                out["step_energy_j"], out["step_energy_why"] = self.power.sub_energy()
+        if self.counter is not None:
+            out["energy_counter"] = self.counter.energy()
+        for name, qt in self.quantiles.items():
+            out[f"power_w_{name}"] = qt.value()
+        return out
+
+
+def time_chunks(con: duckdb.DuckDBPyConnection, name: str, t_lo: int | None, t_hi: int | None
+                ) -> Iterator[tuple[int, int]]:
+    """[lo, hi) ranges of whole seconds covering the view's rows in [t_lo, t_hi] (all rows when not
+    given), each about ``PASS_CHUNK_ROWS`` rows at the run's mean row rate."""
+    win = f"WHERE t_ns BETWEEN {int(t_lo)} AND {int(t_hi)}" if t_lo is not None and t_hi is not None else ""
+    n, first, last = con.execute(f"SELECT count(*), min(t_ns), max(t_ns) FROM {name} {win}").fetchall()[0]
+    if not n:
+        return
+    sec = 1_000_000_000
+    start, end = int(first) // sec * sec, int(last) // sec * sec + sec
+    per_s = n / max((end - start) / sec, 1.0)
+    step = max(1, int(PASS_CHUNK_ROWS / per_s)) * sec
+    for lo in range(start, end, step):
+        yield lo, min(lo + step, end)
+
+
+def run_pass(con: duckdb.DuckDBPyConnection, name: str, plan: Plan, t_lo: int | None, t_hi: int | None
+             ) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every device's row of pass figures over the view's rows in [t_lo, t_hi] (all when not given)."""
+    cols = ["t_ns", "host", "device", *dict.fromkeys([*plan.seg_fields, *plan.energy_fields,
+                                                     *([plan.steady_field] if plan.steady_field else [])])]
+    win = f" AND t_ns BETWEEN {int(t_lo)} AND {int(t_hi)}" if t_lo is not None and t_hi is not None else ""
+    devices: dict[tuple[str, str], _Device] = {}
+    for lo, hi in time_chunks(con, name, t_lo, t_hi):
+        t = con.sql(f"SELECT {', '.join(cols)} FROM {name}_rows WHERE t_ns >= {lo} AND t_ns < {hi}{win} "
+                    "ORDER BY host, device, t_ns, file, file_row").to_arrow_table()
+        for key, ts, values in _by_device(t, cols[3:]):
+            dev = devices.get(key)
+            if dev is None:
+                dev = devices[key] = _Device(key, plan)
+            dev.add(ts, values)
+    return {k: d.result() for k, d in devices.items()}
+
+
+def _by_device(t: pa.Table, fields: Sequence[str]) -> Iterator[tuple[tuple[str, str], np.ndarray, dict[str, np.ndarray]]]:
+    """The chunk's rows per device (already ordered by device, then time): times and float columns."""
+    if t.num_rows == 0:
+        return
+    key = pc.binary_join_element_wise(t["host"], t["device"], "\x00")
+    enc = pc.dictionary_encode(key).combine_chunks()
+    codes = enc.indices.to_numpy()
+    names = enc.dictionary.to_pylist()
+    ts = t["t_ns"].to_numpy()
+    cols = {f: np.asarray(pc.cast(t[f], pa.float64()).to_numpy(zero_copy_only=False)) for f in fields}
+    bounds = np.r_[0, np.flatnonzero(codes[1:] != codes[:-1]) + 1, codes.size]
+    for lo, hi in itertools.pairwise(bounds):
+        host, device = names[codes[lo]].split("\x00", 1)
+        yield (host, device), ts[lo:hi], {f: c[lo:hi] for f, c in cols.items()}
