@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from powertrain.predict import write_prediction
 from powertrain.predict.figures import plot_cluster_comparison
 from powertrain.predict.study import predict_study, study_configs
@@ -33,7 +35,10 @@ def test_study_predictions_and_figure(tmp_path) -> None:
                 p.prediction.metrics["mem_per_device_bytes"]
     paths = plot_cluster_comparison(pts, tmp_path / "clusters")
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in paths)
-    assert "predicted" in paths[1].read_text()
+    svg = paths[1].read_text()
+    assert "predicted" in svg
+    # the study's physics row: peak power against micro-batch, per-slot temperature and throttling
+    assert "vs micro-batch" in svg and "°C per slot" in svg and "throttling, per slot" in svg
 
 
 def test_write_prediction_makes_a_run_directory(tmp_path) -> None:
@@ -44,3 +49,22 @@ def test_write_prediction_makes_a_run_directory(tmp_path) -> None:
     summ = json.loads(rd.summary_json.read_text())
     assert summ["kind"] == "prediction" and summ["config"]["hardware"]["device"] == "h100-sxm"
     assert summ["metrics"]["tokens_per_s"] > 0 and "memory" in summ["breakdown"]
+
+
+def test_study_slots_differ_and_their_spread_is_the_fitted_one() -> None:
+    """Per-slot temperatures of the study's nodes spread as the slot ratios fitted on real 8×H100 logs say."""
+    from powertrain.hardware import get_device
+    from powertrain.predict.slot_thermal import slot_ratios
+
+    pts = [p for p in predict_study("default", "32xH200") if p.prediction.fits][:20]
+    assert pts
+    for p in pts:
+        slots = p.prediction.breakdown["slots"]
+        assert [s["slot"] for s in slots] == [f"gpu{i}" for i in range(8)]
+        front = [s["steady_c"] for s in slots[:4]]
+        dev, mean_w = p.config.hardware.device, p.prediction.metrics["power_mean_w"]
+        assert dev == "h200" and mean_w is not None
+        ratios = slot_ratios(get_device(dev), 8)[:4]
+        r = get_device(dev).thermal.r_c_per_w
+        assert max(front) - min(front) == pytest.approx(r * mean_w * (max(ratios) - min(ratios)), rel=1e-6)
+        assert p.prediction.metrics["hottest_slot"] == max(slots, key=lambda s: s["peak_c"])["slot"]
