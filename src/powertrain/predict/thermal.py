@@ -64,21 +64,19 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
     the rear-row pre-heat (:mod:`powertrain.predict.slot_thermal`); a slot whose steady temperature passes
     the slowdown temperature throttles, with the device mean power it is allowed.
     """
-    from powertrain.predict.slot_thermal import rear_slots, slot_power_limit_w, slot_ratios
+    from powertrain.predict.slot_thermal import slot_power_limit_w
 
     th = dev.thermal
     n = max(1, devices_per_node)
-    ratios = slot_ratios(dev, n)
-    rear = rear_slots(dev, n)
     heat = th.rear_preheat_c_per_kw * mean_w / 1000.0
     t0 = th.inlet_c if start_c is None else start_c
     # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
     lift = 1 - math.exp(-burst_s / th.tau_s)
     out = []
-    for s in range(n):
-        t_in = th.inlet_c + (heat if s in rear else 0.0)
-        steady = t_in + th.r_c_per_w * ratios[s] * mean_w
-        peak = steady + th.r_c_per_w * ratios[s] * (peak_w - mean_w) * lift
+    for s, (is_rear, r_slot) in enumerate(_slot_layout(dev, n)):
+        t_in = th.inlet_c + (heat if is_rear else 0.0)
+        steady = t_in + r_slot * mean_w
+        peak = steady + r_slot * (peak_w - mean_w) * lift
         throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
         allowed = None
         if throttled and dev.slowdown_c is not None:
@@ -88,6 +86,21 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
         tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
         out.append(SlotThermal((s,), t_in, steady, peak, throttled, allowed, tts))
     return out
+
+
+_LAYOUTS: dict[tuple[object, ...], tuple[tuple[bool, float], ...]] = {}
+
+
+def _slot_layout(dev: DeviceSpec, n: int) -> tuple[tuple[bool, float], ...]:
+    """(in the rear row, R × the slot's power ratio) per slot; cached: a sweep asks the same node often."""
+    key = (dev.name, dev.cooling, dev.vendor, dev.thermal, n)
+    got = _LAYOUTS.get(key)
+    if got is None:
+        from powertrain.predict.slot_thermal import rear_slots, slot_ratios
+
+        ratios, rear = slot_ratios(dev, n), rear_slots(dev, n)
+        got = _LAYOUTS[key] = tuple((s in rear, dev.thermal.r_c_per_w * ratios[s]) for s in range(n))
+    return got
 
 
 def simulate(params: ThermalParams, t_s: np.ndarray, power_w: np.ndarray, start_c: float | None = None) -> np.ndarray:
