@@ -64,27 +64,27 @@ def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, pea
     the rear-row pre-heat (:mod:`powertrain.predict.slot_thermal`); a slot whose steady temperature passes
     the slowdown temperature throttles, with the device mean power it is allowed.
     """
-    from powertrain.predict.slot_thermal import slot_power_limit_w
-
     th = dev.thermal
     n = max(1, devices_per_node)
-    heat = th.rear_preheat_c_per_kw * mean_w / 1000.0
+    inlets = (th.inlet_c, th.inlet_c + th.rear_preheat_c_per_kw * mean_w / 1000.0)  # (front, rear)
     t0 = th.inlet_c if start_c is None else start_c
     # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
-    lift = 1 - math.exp(-burst_s / th.tau_s)
+    swing = (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
+    slow, tau, log = dev.slowdown_c, th.tau_s, math.log
     out = []
     for s, (is_rear, r_slot) in enumerate(_slot_layout(dev, n)):
-        t_in = th.inlet_c + (heat if is_rear else 0.0)
+        t_in = inlets[is_rear]
         steady = t_in + r_slot * mean_w
-        peak = steady + r_slot * (peak_w - mean_w) * lift
-        throttled = dev.slowdown_c is not None and steady > dev.slowdown_c
-        allowed = None
-        if throttled and dev.slowdown_c is not None:
-            allowed = slot_power_limit_w(dev, n, s)
-            steady = peak = dev.slowdown_c
+        if slow is not None and steady > slow:  # throttles: held at slowdown, its allowed power solved
+            from powertrain.predict.slot_thermal import slot_power_limit_w
+
+            gap = abs(slow - t0)
+            out.append(SlotThermal((s,), t_in, slow, slow, True, slot_power_limit_w(dev, n, s),
+                                   tau * log(gap) if gap > 1.0 else 0.0))
+            continue
         gap = abs(steady - t0)
-        tts = th.tau_s * math.log(gap / 1.0) if gap > 1.0 else 0.0
-        out.append(SlotThermal((s,), t_in, steady, peak, throttled, allowed, tts))
+        out.append(SlotThermal((s,), t_in, steady, steady + r_slot * swing, False, None,
+                               tau * log(gap) if gap > 1.0 else 0.0))  # time to within 1 °C
     return out
 
 
