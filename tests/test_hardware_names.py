@@ -28,6 +28,11 @@ SPELLINGS = [
     ("A100", "a100-sxm4-80gb"),  # the family's bare name is the catalog's stated default
     ("NVIDIA B200 180GB", "b200"),
     ("NVIDIA GH200 480GB", "gh200"),
+    # as the real records in ../shared/data/real name them (MLPerf system JSON, Kineto traces, nvidia-smi)
+    ("NVIDIA H100-SXM5-80GB", "h100-sxm"),
+    ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+    ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
+    ("NVIDIA H200", "h200"),
 ]
 
 
