@@ -183,8 +183,9 @@ from standins.nvml_state import PersistentNvml
 from powertrain.control.apply import apply_controls
 from powertrain.control.ledger import Ledger, this_owner
 from powertrain.control.nvidia import NvidiaControls
-apply_controls({{"power_limit_w": 450.0, "sm_clock_mhz": [1400, 1400]}}, NvidiaControls(PersistentNvml(Path({state!r}))),
-               Ledger(), [0, 1], this_owner("killed-run"))
+nvml = PersistentNvml(Path({state!r}))
+apply_controls({{"power_limit_w": 450.0, "sm_clock_mhz": [1400, 1400]}}, NvidiaControls(nvml), Ledger(),
+               list(range(len(nvml.gpus))), this_owner("killed-run"))
 print("applied", flush=True)
 time.sleep(600)
 """

@@ -40,6 +40,9 @@ def check_node_device(cfg: RunConfig, node_device_type: str) -> dict[str, Any] |
         raise ValueError(f"hardware.device is {name} but this node has no GPU (torch sees only the CPU); "
                          "run it on a node with that device, or set hardware.stand_in: true to rehearse it "
                          "on this CPU (run.json records it as a stand-in; calibrate refuses it)")
+    if cfg.knobs.overlap.async_tp and cfg.layout.tp > 1:
+        raise ValueError("knobs.overlap.async_tp needs CUDA (symmetric memory, torch.compile's micro-pipeline TP "
+                         "pass) and this stand-in trains on the CPU; set it false for the rehearsal")
     return {"device": name, "ran_on": "cpu"}
 
 

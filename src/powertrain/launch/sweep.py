@@ -13,6 +13,7 @@ protocol asks for one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import os
@@ -54,6 +55,7 @@ class SweepOptions:
     python: str = sys.executable
     poll_s: float = 0.5
     allow_unapplied: bool = False  # passed to every `powertrain run`: device controls may stay unapplied
+    rate_hz: float | None = None  # every run's sampling rate (--rate); the runner sets launch.sampler_rate_hz
 
 
 def classify_failure(run_dir: Path) -> str:
@@ -130,6 +132,7 @@ def _die_with_parent() -> None:
 
 def _run_command(opts: SweepOptions, spec_path: Path, run_dir: Path) -> list[str]:
     return [opts.python, "-m", "powertrain.cli", "run", str(spec_path), "--out", str(run_dir),
+            *(["--rate", f"{opts.rate_hz:g}"] if opts.rate_hz is not None else []),
             *(["--allow-unapplied"] if opts.allow_unapplied else [])]
 
 
@@ -263,6 +266,8 @@ class SweepRunner:
                  on_change: Callable[[SweepState, str | None], None] | None = None,
                  sleep: Callable[[float], None] | None = None) -> None:
         self.plan = plan
+        if opts.rate_hz is None:  # launch.sampler_rate_hz: the sampling rate of every run, not only the baseline
+            opts = dataclasses.replace(opts, rate_hz=plan.spec.launch.sampler_rate_hz)
         self._sleep = sleep or self._wait  # the retry back-off's wait (tests pass one that records it)
         self.folder = folder
         self.opts = opts

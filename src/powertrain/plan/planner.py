@@ -164,6 +164,9 @@ def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
     if dp * config.layout.cp == 1:
         for key in ("ddp_bucket_mb", "grad_reduce_in_backward"):
             reset(ov, dflt_ov, key, "knobs.overlap.", "no data parallelism")
+        reset(lay, dflt_lay, "distributed_optimizer", "layout.", "no data parallelism")
+    elif config.layout.fsdp:
+        reset(lay, dflt_lay, "distributed_optimizer", "layout.", "FSDP shards optimizer states already")
     return d, unused
 
 

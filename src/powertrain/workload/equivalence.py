@@ -2,7 +2,9 @@
 
 ``torchrun --nproc_per_node=N -m powertrain.workload.equivalence CASES.json OUT.json`` builds and
 trains every case of ``CASES.json`` in turn (``[{"name", "config": RunConfig, "steps",
-"skip_grad_sync"?}]``) and rank 0 writes ``{name: [global loss per step]}`` to ``OUT.json``.
+"skip_grad_sync"?, "optimizer_share"?}]``) and rank 0 writes ``{name: [global loss per step]}`` to
+``OUT.json`` (and ``{name}/optimizer_share: [numel whose optimizer state rank 0 keeps, numel of its
+parameters]`` for a case that asks).
 :func:`reference_losses` gives the single-process losses of the same model and batches (micro-batch
 1, no recomputation, no parallelism) to compare with, and :func:`max_rel_diff` the comparison.
 Launch cost (5–16 s per torchrun on a small machine) is paid once for all cases.
@@ -48,6 +50,10 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
 
 
+def _numel(p: Any) -> int:
+    return int(p.to_local().numel()) if hasattr(p, "to_local") else int(p.numel())
+
+
 def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     from powertrain.workload.trainer import Trainer
 
@@ -58,6 +64,12 @@ def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
         t = Trainer(cfg, skip_grad_sync=bool(case.get("skip_grad_sync", False)))
         t0 = time.perf_counter()
         out[case["name"]] = [t.step(i).loss for i in range(int(case.get("steps", 5)))]
+        if case.get("optimizer_share"):  # what a distributed optimizer keeps here: [own numel, all numel]
+            owned = getattr(t.optimizer, "owned", None)
+            every = [p for _, m in t.par.stages for p in m.parameters()]
+            own = every if owned is None else owned
+            out[f"{case['name']}/optimizer_share"] = [float(sum(_numel(p) for p in own)),
+                                                      float(sum(_numel(p) for p in every))]
         if dist.get_rank() == 0:
             log.info("%s: built in %.1f s, trained in %.1f s", case["name"], t0 - t_build, time.perf_counter() - t0)
         t.close()

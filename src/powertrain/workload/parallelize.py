@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from powertrain.spec.run import RunConfig
 from powertrain.workload.mesh import Meshes
 from powertrain.workload.models.layers import Transformer
+from powertrain.workload.parallel.async_tp import apply_async_tp, async_tp_unavailable
 from powertrain.workload.parallel.ddp import GradSync, apply_ddp
 from powertrain.workload.parallel.expert_parallel import apply_ep, is_expert_param
 from powertrain.workload.parallel.fsdp import apply_fsdp
@@ -38,6 +40,8 @@ class Parallelized:
     dp_mode: str  # "none" | "ddp" | "fsdp" | "allreduce"
     grad_sync: GradSync | None = None
     notes: list[str] = field(default_factory=list)
+    # (params, group) whose ranks hold the same parameters: what a distributed optimizer shards over
+    replica_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup | None]] = field(default_factory=list)
 
     @property
     def module(self) -> nn.Module:
@@ -63,8 +67,14 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
             assert tp_mesh is not None
             apply_tp(mod, tp_mesh, sequence_parallel=lay.sequence_parallel)
         apply_recompute(mod, knobs.recompute)
-    if lay.tp > 1 and knobs.overlap.async_tp:
-        notes.append("async_tp requested but not applied: it needs CUDA symmetric memory and torch.compile")
+    if lay.tp > 1 and knobs.overlap.async_tp:  # refused, never skipped, where PyTorch cannot do it
+        tp_mesh = meshes.sub("tp")
+        assert tp_mesh is not None
+        why = async_tp_unavailable(tp_mesh.device_type)
+        if why:
+            raise RuntimeError(f"knobs.overlap.async_tp: {why}; set it false for this run")
+        for _, mod in stages:
+            notes += apply_async_tp(mod, tp_mesh)
 
     replicas = lay.dp * lay.cp
     if replicas == 1 or skip_grad_sync:
@@ -81,7 +91,8 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
         dp_mesh = meshes.sub("dp")
         assert dp_mesh is not None
         ddp = apply_ddp(stages[0][1], dp_mesh, knobs.overlap.ddp_bucket_mb)
-        return Parallelized([(0, ddp)], "ddp", notes=notes)
+        return Parallelized([(0, ddp)], "ddp", notes=notes,
+                            replica_groups=[(list(ddp.parameters()), meshes.group("dp"))])
     dense: list[nn.Parameter] = []
     experts: list[nn.Parameter] = []
     for _, mod in stages:
@@ -90,7 +101,7 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
     groups = [(dense, meshes.group("dp"))]
     if experts:
         groups.append((experts, meshes.group("edp")))
-    return Parallelized(stages, "allreduce", GradSync(groups), notes=notes)
+    return Parallelized(stages, "allreduce", GradSync(groups), notes=notes, replica_groups=groups)
 
 
 def parameters(par: Parallelized) -> list[torch.nn.Parameter]:

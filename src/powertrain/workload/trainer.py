@@ -33,6 +33,7 @@ from powertrain.workload.mesh import Meshes, build_meshes, device_type
 from powertrain.workload.models import build_model
 from powertrain.workload.models.mixtral import MoE
 from powertrain.workload.parallel.pipeline import build_schedule
+from powertrain.workload.parallel.zero import ShardedAdamW
 from powertrain.workload.parallelize import Parallelized, parallelize, parameters
 
 # Fault injection for the crash tests: "RANK:STEP" makes that rank raise at that step,
@@ -71,7 +72,11 @@ class Trainer:
         torch.manual_seed(cfg.knobs.seed)  # every rank builds the same full model, then keeps its share
         model = build_model(cfg.model, moe_aux_coeff=cfg.knobs.moe_aux_coeff).to(self.device)
         self.par: Parallelized = parallelize(model, cfg, self.meshes, skip_grad_sync=skip_grad_sync)
-        self.optimizer = torch.optim.AdamW(parameters(self.par), lr=cfg.knobs.lr)
+        self.optimizer: torch.optim.Optimizer | ShardedAdamW
+        if cfg.layout.distributed_optimizer and self.par.replica_groups:  # ZeRO-1 over the replicas
+            self.optimizer = ShardedAdamW(self.par.replica_groups, lr=cfg.knobs.lr)
+        else:  # one replica, or FSDP (which shards the states itself)
+            self.optimizer = torch.optim.AdamW(parameters(self.par), lr=cfg.knobs.lr)
         for _, mod in self.par.stages:  # expert all-to-alls mark themselves as comm events
             for m in mod.modules():
                 if isinstance(m, MoE) and m.ep_group is not None and self.rec.enabled:
