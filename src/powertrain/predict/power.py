@@ -139,10 +139,13 @@ def device_power(dev: DeviceSpec, c: Coefficients, step_s: float, compute_s: flo
                        burst_w=p_burst, gemm_share=gemm_share)
 
 
-def step_power(dev: DeviceSpec, c: Coefficients, st: Any, clock: float = 1.0) -> DevicePower:
+def step_power(dev: DeviceSpec, c: Coefficients, st: Any, clock: float = 1.0,
+               step_s: float | None = None) -> DevicePower:
     """:func:`device_power` of a :class:`~powertrain.predict.steptime.StepTime`: its exposed communication
-    and the GEMM share of its micro-batch stretch are read from ``st.breakdown``."""
+    and the GEMM share of its micro-batch stretch are read from ``st.breakdown``. ``step_s`` (default the
+    step's own) is the step the device's work is spread over: a device that waits for a slower one (a
+    thermal straggler) does its own work in the straggler's step."""
     bd: dict[str, float] = st.breakdown or {}
     inside, once = step_comm_s(bd)
-    return device_power(dev, c, st.total_s, st.compute_s, st.memory_s, st.burst_s, clock, comm_s=inside + once,
-                        gemm_share=burst_gemm_share(bd, st.compute_s, st.memory_s))
+    return device_power(dev, c, st.total_s if step_s is None else step_s, st.compute_s, st.memory_s, st.burst_s,
+                        clock, comm_s=inside + once, gemm_share=burst_gemm_share(bd, st.compute_s, st.memory_s))
