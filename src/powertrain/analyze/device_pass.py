@@ -6,9 +6,10 @@ increases, the steepest ramp, gaps, the time to thermal steady state and the pow
 module reads the telemetry a time chunk at a time (all devices of about ``PASS_CHUNK_ROWS`` rows,
 whole seconds, ordered by device then time as the readers order rows) and keeps per device only
 what the next chunk needs: its last row, running sums, the energy streams' edge state, one mean per
-second of temperature and the tails of its power distribution. Memory is bounded by one chunk, not
-by the run's length (the one-per-second temperature means and the quantile tails — 8 bytes per
-second and per 100 samples of a device — are what still grows, by design small).
+second of temperature and the tails of its power distribution, and — for the devices asked — the stream of its
+power spectrum (:class:`powertrain.analyze.signal.OscillationStream`). Memory is bounded by one
+chunk, not by the run's length (the one-per-second temperature means and the quantile tails — 8
+bytes per second and per 100 samples of a device — are what still grows, by design small).
 
 Every sum is added in time order, carried from chunk to chunk (``np.cumsum`` is sequential), so the
 figures are those of one whole-series pass to the last bit, whatever the chunk size.
@@ -27,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from powertrain.analyze.signal import time_to_steady
+from powertrain.analyze.signal import OscillationStream, time_to_steady
 from powertrain.core.energy import CounterStream, PowerStream
 
 PASS_CHUNK_ROWS = 1 << 17  # rows (all devices) per query of the pass
@@ -109,6 +110,7 @@ class Plan:
     sub_windows: tuple[np.ndarray, np.ndarray] | None
     hold_limit_s: float
     steady_field: str | None
+    spectra: set[tuple[str, str]] = field(default_factory=set)  # devices whose power spectrum is wanted
 
 
 class _Device:
@@ -132,6 +134,7 @@ class _Device:
         self.unwrap_offset = 0.0
         n = plan.power_n.get(key, 0)
         self.quantiles = {name: _Quantile(n, q) for name, q in QUANTILES} if "power_w" in plan.seg_fields else {}
+        self.osc = OscillationStream() if key in plan.spectra else None
 
     def add(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> None:
         """The device's next rows (time order, later than every row added before)."""
@@ -142,9 +145,11 @@ class _Device:
         self._energy(ts, cols)
         if self.quantiles:
             p = cols["power_w"]
-            inw = p[(ts >= self.plan.w0) & (ts <= self.plan.w1) & ~np.isnan(p)]
+            sel = (ts >= self.plan.w0) & (ts <= self.plan.w1) & ~np.isnan(p)
             for qt in self.quantiles.values():
-                qt.tail.add(inw)
+                qt.tail.add(p[sel])
+            if self.osc is not None:
+                self.osc.add(ts[sel], p[sel])
         self.last_t = int(ts[-1])
         self.last_v = {f: float(cols[f][-1]) for f in self.plan.seg_fields}
 
@@ -243,6 +248,8 @@ class _Device:
             out["energy_counter"] = self.counter.energy()
         for name, qt in self.quantiles.items():
             out[f"power_w_{name}"] = qt.value()
+        if self.osc is not None:
+            out["power_osc"] = self.osc.result()
         return out
 
 

@@ -1,7 +1,8 @@
 """Signal arithmetic on one device's time series (numpy): integrals, counter increases, oscillation,
 settling time, correlation.
 
-Times are int64 nanoseconds (``t_ns``); values are floats. Every function returns ``None`` when
+Times are int64 nanoseconds (``t_ns``); values are floats. :class:`OscillationStream` finds the
+dominant oscillation of a series too long to hold (Welch segments) in bounded memory. Every function returns ``None`` when
 it has too little data, never 0. :mod:`powertrain.analyze.telemetry` computes integrals, counter
 increases and ramps at scale (its ramp is the largest ``|Δp| / Δt`` between consecutive in-window
 samples); these are the reference definitions and what the per-step energy and the spectra use.
@@ -54,7 +55,13 @@ def dominant_oscillation(t_ns: np.ndarray, v: np.ndarray, period_s: float | None
     if np.allclose(x, 0):
         return None
     w = np.hanning(n)
-    spec = np.abs(np.fft.rfft(x * w))
+    return _spectral_peak(np.abs(np.fft.rfft(x * w)), n, dt, float(w.sum()))
+
+
+def _spectral_peak(spec: np.ndarray, n: int, dt: float, w_sum: float) -> tuple[float, float] | None:
+    """The largest non-DC bin of a magnitude spectrum of ``n`` points ``dt`` apart (Hann sum ``w_sum``),
+    refined by parabolic interpolation between bins: (frequency in Hz, amplitude)."""
+    spec = spec.copy()
     spec[0] = 0.0
     k = int(np.argmax(spec))
     if k == 0:
@@ -69,8 +76,82 @@ def dominant_oscillation(t_ns: np.ndarray, v: np.ndarray, period_s: float | None
     else:
         delta, peak = 0.0, spec[k]
     freq = (k + delta) / (n * dt)
-    amp = 2.0 * peak / w.sum()
+    amp = 2.0 * peak / w_sum
     return float(min(max(freq, freqs[1]), freqs[-1])), float(amp)
+
+
+class OscillationStream:
+    """:func:`dominant_oscillation` of a series added in time-ordered chunks, in bounded memory.
+
+    Up to ``max_points`` samples it is exactly :func:`dominant_oscillation` of the whole series. A
+    longer series is resampled on a uniform grid (``period_s``, else the median interval of its
+    first ``max_points`` samples) and cut into Hann segments of ``max_points`` grid points that
+    overlap by half (Welch's method); the peak is taken from their mean magnitude spectrum, so the
+    frequency bin is 1 / (``max_points`` · period) — 1/6554 Hz at 20 Hz — and memory is a few
+    segments, however long the series."""
+
+    def __init__(self, period_s: float | None = None, max_points: int = 1 << 17) -> None:
+        self.period_s = period_s
+        self.L = max_points
+        self._t: list[np.ndarray] = []
+        self._v: list[np.ndarray] = []
+        self._n = 0
+        self._grid0: int | None = None  # the uniform grid's first time (Welch mode)
+        self._step = 0  # grid period, ns
+        self._seg = 0  # next segment's index
+        self._sum: np.ndarray | None = None
+        self._segments = 0
+        self._flat = True
+
+    def add(self, t_ns: np.ndarray, v: np.ndarray) -> None:
+        t, x = _clean(t_ns, v)
+        if t.size == 0:
+            return
+        self._t.append(t)
+        self._v.append(x)
+        self._n += t.size
+        if self._grid0 is None and self._n > self.L:
+            self._start_welch()
+        if self._grid0 is not None:
+            self._segments_ready()
+
+    def _start_welch(self) -> None:
+        t = np.concatenate(self._t)
+        if self.period_s is None:
+            self.period_s = float(np.median(np.diff(t[: self.L]))) / 1e9
+        self._step = max(round(self.period_s * 1e9), 1)
+        self._grid0 = int(t[0])
+
+    def _segments_ready(self) -> None:
+        """Transform every segment whose grid the buffered samples reach past; drop what no later one needs."""
+        assert self._grid0 is not None
+        t, x = np.concatenate(self._t), np.concatenate(self._v)
+        half = self.L // 2
+        while True:
+            g0 = self._grid0 + self._seg * half * self._step
+            grid = g0 + np.arange(self.L, dtype=np.int64) * self._step
+            if t[-1] < grid[-1]:
+                break
+            self._transform(np.interp(grid, t, x))
+            self._seg += 1
+        keep = max(int(np.searchsorted(t, self._grid0 + self._seg * half * self._step, side="right")) - 1, 0)
+        self._t, self._v = [t[keep:]], [x[keep:]]
+
+    def _transform(self, x: np.ndarray) -> None:
+        x = x - x.mean()
+        self._flat &= bool(np.allclose(x, 0))
+        spec = np.abs(np.fft.rfft(x * np.hanning(self.L)))
+        self._sum = spec if self._sum is None else self._sum + spec
+        self._segments += 1
+
+    def result(self) -> tuple[float, float] | None:
+        if self._grid0 is None:
+            if not self._t:
+                return None
+            return dominant_oscillation(np.concatenate(self._t), np.concatenate(self._v), self.period_s)
+        if self._sum is None or self._flat:
+            return None
+        return _spectral_peak(self._sum / self._segments, self.L, self._step / 1e9, float(np.hanning(self.L).sum()))
 
 
 def time_to_steady(t_s: np.ndarray, v: np.ndarray, band: float = 1.0, tail: float = 0.1) -> float | None:

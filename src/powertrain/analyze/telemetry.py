@@ -27,6 +27,7 @@ Definitions (all over the window ``[w0, w1]``):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,13 @@ def _in_order(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
 
 def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel", *,
                  sub_windows: tuple[np.ndarray, np.ndarray] | None = None,
-                 hold_limit_s: float = DEFAULT_HOLD_LIMIT_S) -> list[dict[str, Any]]:
+                 hold_limit_s: float = DEFAULT_HOLD_LIMIT_S,
+                 spectra: Callable[[list[dict[str, Any]]], set[tuple[str, str]]] | None = None
+                 ) -> list[dict[str, Any]]:
     """One dict per (host, device) with level, energy, counter, ramp, gap and throttle statistics.
+
+    ``spectra``: given the level statistics, the devices whose power spectrum the pass should follow
+    (``power_osc``: ``signal.dominant_oscillation`` of their in-window power, None when flat).
 
     Energy keys (from :mod:`powertrain.core.energy`): ``energy_integral`` (a ``WindowEnergy`` of
     ``power_w``), ``energy_counter`` (of ``energy_j``, where the device has readings of it) and, with
@@ -170,7 +176,7 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     lo, hi = (None, None) if steady else (w0 - margin, w1 + margin)
     plan = device_pass.Plan(w0, w1, seg_fields, energy_fields, periods,
                             {k: int(s.get("power_w_n") or 0) for k, s in by_key.items()}, sub_windows, hold_limit_s,
-                            "temp_c" if steady else None)
+                            "temp_c" if steady else None, spectra(stats) if spectra is not None else set())
     for key, row in device_pass.run_pass(con, name, plan, lo, hi).items():
         if key in by_key:
             by_key[key].update(row)
@@ -184,27 +190,30 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
 
 def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",
                        name: str = "tel") -> pa.Table:
+    """:func:`device_mean_chunks` as one table (for short windows and tests: it has a row per bucket)."""
+    parts = list(device_mean_chunks(con, w0, w1, bucket_ns, field, name))
+    return pa.concat_tables(parts) if parts else con.sql(
+        "SELECT 0::BIGINT AS t_ns, 0::DOUBLE AS mean, 0::DOUBLE AS total, 0::BIGINT AS n LIMIT 0").to_arrow_table()
+
+
+def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",
+                       name: str = "tel") -> Iterator[pa.Table]:
     """Per time bucket (one sample period): the mean and the sum of ``field`` over the samples in it,
     and how many samples that was. With one sample per device per period (the sampler's design),
     ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``.
     The sums run in (host, device, time) order, so they are the same to the last digit on every call
-    (DuckDB's parallel sums otherwise add rows from several files in varying order). The buckets are
-    computed a span of about ``SERIES_CHUNK_ROWS`` rows at a time (each bucket wholly in one span), so
-    the ordered sums never hold more than that many rows, however long the run."""
+    (DuckDB's parallel sums otherwise add rows from several files in varying order). The buckets come
+    a span of about ``SERIES_CHUNK_ROWS`` rows at a time (each bucket wholly in one span), in time
+    order, so neither the ordered sums nor the caller hold more than that many rows, however long the run."""
     rows = con.execute(f"SELECT count({field}) FROM {name} WHERE t_ns BETWEEN {w0} AND {w1}").fetchall()[0][0]
     n_buckets = (w1 - w0) // bucket_ns + 1
     per_chunk = max(1, int(SERIES_CHUNK_ROWS * n_buckets / max(int(rows or 0), 1)))
-    parts = []
     for b_lo in range(0, n_buckets, per_chunk):
         lo, hi = w0 + b_lo * bucket_ns, min(w1, w0 + (b_lo + per_chunk) * bucket_ns - 1)
-        parts.append(con.sql(f"""
+        yield con.sql(f"""
             SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v ORDER BY host, device, t) AS mean,
                    sum(v ORDER BY host, device, t) AS total, count(*) AS n
             FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v, host, device, t_ns AS t FROM {name}
                   WHERE t_ns BETWEEN {lo} AND {hi} AND {field} IS NOT NULL)
             GROUP BY b ORDER BY b
-        """).to_arrow_table())
-    return pa.concat_tables(parts) if parts else con.sql(
-        "SELECT 0::BIGINT AS t_ns, 0::DOUBLE AS mean, 0::DOUBLE AS total, 0::BIGINT AS n LIMIT 0").to_arrow_table()
-
-
+        """).to_arrow_table()

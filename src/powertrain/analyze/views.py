@@ -9,18 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import duckdb
 import numpy as np
 
-from powertrain.analyze import signal, steps
+from powertrain.analyze import steps
 from powertrain.analyze.families.context import DeviceKey, RunContext
 from powertrain.analyze.families.power import PowerFamily, device_energy
 from powertrain.analyze.metrics import THROTTLE_REASONS
 from powertrain.core.energy import WindowEnergy
-
-# Above this many in-window power samples, per-device spectra are skipped (the run-level oscillation
-# still comes from the device-mean signal).
-PER_DEVICE_SPECTRUM_MAX_ROWS = 2_000_000
 
 
 def per_device(ctx: RunContext) -> list[dict[str, Any]]:
@@ -31,8 +26,9 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
     for r, key in ctx.rank_dev.items():
         dev_rank.setdefault(key, []).append(r)
     coords = ctx.coords
-    pw = ctx.have("power_w")
-    spectra = _per_device_spectra(ctx.con, pw, ctx.w0, ctx.w1) if pw else {}
+    # per-device oscillation: followed by the device pass for the counted devices with power
+    # (families.context.PER_DEVICE_SPECTRUM_MAX_ROWS); null for the others
+    spectra = {(s["host"], s["device"]): s["power_osc"] for s in ctx.have("power_w") if s.get("power_osc")}
     rows = []
     for s in ctx.dev_stats:
         key = (s["host"], s["device"])
@@ -71,25 +67,6 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
 
 def _joules(e: WindowEnergy | None) -> float | None:
     return None if e is None else e.energy_j
-
-
-def _per_device_spectra(con: duckdb.DuckDBPyConnection, pw: list[dict[str, Any]], w0: int, w1: int
-                        ) -> dict[DeviceKey, tuple[float, float]]:
-    if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
-        return {}
-    t = con.sql(f"SELECT host, device, t_ns, power_w FROM tel WHERE t_ns BETWEEN {int(w0)} AND {int(w1)} "
-                "AND power_w IS NOT NULL ORDER BY host, device, t_ns").to_arrow_table()
-    hosts = t["host"].to_numpy(zero_copy_only=False)
-    devs = t["device"].to_numpy(zero_copy_only=False)
-    ts = t["t_ns"].to_numpy()
-    ps = t["power_w"].to_numpy(zero_copy_only=False)
-    out: dict[DeviceKey, tuple[float, float]] = {}
-    for s in pw:
-        sel = (hosts == s["host"]) & (devs == s["device"])
-        osc = signal.dominant_oscillation(ts[sel], ps[sel])
-        if osc:
-            out[(s["host"], s["device"])] = osc
-    return out
 
 
 def _slot(device: str) -> int | None:

@@ -93,10 +93,7 @@ class RunContext:
 
     def kind_of(self, s: dict[str, Any]) -> str:
         """A device's kind as ``run.json`` lists it; else ``cpu`` for ``cpu*`` names, else accelerator."""
-        d = self.kinds.get((s["host"], s["device"]))
-        if d and d.get("kind"):
-            return str(d["kind"])
-        return "cpu" if s["device"].startswith("cpu") else "accelerator"
+        return _kind(self.kinds, s)
 
     def have(self, field: str) -> list[dict[str, Any]]:
         """The counted devices with samples of ``field`` in the window."""
@@ -145,6 +142,29 @@ def _window(info: dict[str, Any], sd: steps.StepData | None, tspan: tuple[int, i
     return 0, 0, "none"
 
 
+# Above this many in-window power samples (all counted devices together), per-device spectra are
+# skipped (the run-level oscillation still comes from the device-mean signal): each device's
+# spectrum stream holds up to 2^17 samples before it turns to Welch segments.
+PER_DEVICE_SPECTRUM_MAX_ROWS = 2_000_000
+
+
+def _spectrum_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]]) -> set[tuple[str, str]]:
+    """The devices whose power spectrum ``per_device`` reports: the counted ones (accelerators, else
+    host devices) with power samples, unless they hold more than PER_DEVICE_SPECTRUM_MAX_ROWS together."""
+    counted = [s for s in stats if _kind(kinds, s) != "cpu"] or stats
+    pw = [s for s in counted if s.get("power_w_n")]
+    if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
+        return set()
+    return {(s["host"], s["device"]) for s in pw}
+
+
+def _kind(kinds: dict[DeviceKey, dict[str, Any]], s: dict[str, Any]) -> str:
+    d = kinds.get((s["host"], s["device"]))
+    if d and d.get("kind"):
+        return str(d["kind"])
+    return "cpu" if s["device"].startswith("cpu") else "accelerator"
+
+
 def _device_kind(info: dict[str, Any]) -> dict[DeviceKey, dict[str, Any]]:
     return {(d.get("host"), d.get("device")): d for d in info.get("devices", []) or []}
 
@@ -161,14 +181,16 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     tspan = telemetry.span(con)
     w0, w1, window_source = _window(info, sd, tspan, notes)
     sub = (sd.t_start_ns, sd.t_end_ns) if sd is not None else None
-    dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S)
+    kinds = _device_kind(info)
+    dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S,
+                                        spectra=lambda stats: _spectrum_devices(stats, kinds))
                  if n_rows and w1 > w0 else [])
     for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
         e = s.get("energy_integral")
         if e is not None:
             s["power_w_mean"] = e.mean_power_w
     ctx = RunContext(run=run, info=info, events=events, sd=sd, con=con, w0=w0, w1=w1, window_source=window_source,
-                     dev_stats=dev_stats, kinds=_device_kind(info), counted=[], accel=False,
+                     dev_stats=dev_stats, kinds=kinds, counted=[], accel=False,
                      no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes)
     accel = [s for s in dev_stats if ctx.kind_of(s) != "cpu"]
     ctx.counted = accel or dev_stats

@@ -137,20 +137,26 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
     device-mean power; per measured step its energy and mean device power."""
     period = float(np.median([s["period_s"] for s in pw if s["period_s"]] or [0.1]))
     bucket_ns = max(int(period * 1e9), 1)
-    series = telemetry.device_mean_series(ctx.con, ctx.w0, ctx.w1, bucket_ns)
     n_full = len(pw)
     energy, why = _total(ctx.counted, lambda s: s.get("energy_integral"), "power readings")
     if energy is not None and ctx.window_s > 0:
         fam.metrics["cluster_power_mean_w"] = energy / ctx.window_s
     else:
         fam.why_null["cluster_power_mean_w"] = f"the cluster's energy over the window is unknown: {why}"
-    # numpy, not Python lists: the series has one row per sample period of the whole window
-    tot = series["total"].to_numpy(zero_copy_only=False)[series["n"].to_numpy(zero_copy_only=False) == n_full]
-    if tot.size:
-        fam.metrics["cluster_power_peak_w"] = float(np.max(tot))
+    # The series has one row per sample period of the whole window: it is read in chunks, its peak
+    # kept as it goes and its spectrum streamed (one FFT up to 2^17 periods, Welch segments beyond).
+    peak: float | None = None
+    osc_stream = signal.OscillationStream(period)
+    for series in telemetry.device_mean_chunks(ctx.con, ctx.w0, ctx.w1, bucket_ns):
+        tot = series["total"].to_numpy(zero_copy_only=False)[series["n"].to_numpy(zero_copy_only=False) == n_full]
+        if tot.size:
+            peak = float(np.max(tot)) if peak is None else max(peak, float(np.max(tot)))
+        osc_stream.add(series["t_ns"].to_numpy(), series["mean"].to_numpy())
+    if peak is not None:
+        fam.metrics["cluster_power_peak_w"] = peak
     else:
         fam.why_null["cluster_power_peak_w"] = "no sample period where every device reported"
-    osc = signal.dominant_oscillation(series["t_ns"].to_numpy(), series["mean"].to_numpy(), period)
+    osc = osc_stream.result()
     if osc:
         fam.metrics["power_osc_freq_hz"], fam.metrics["power_osc_amp_w"] = osc
     else:
