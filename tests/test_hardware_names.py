@@ -84,3 +84,21 @@ def test_a_user_catalog_is_indexed_on_its_own(tmp_path) -> None:
     assert get_device("NVIDIA H100 PCIe 80GB", cat).name == "lab-h100-pcie"
     with pytest.raises(UnknownDeviceError):
         get_device("NVIDIA H100 PCIe 80GB")  # the shipped catalog still lacks it
+
+
+def test_a_spec_written_with_a_free_text_device_validates_and_predicts() -> None:
+    from powertrain.predict import case_from_run_config
+    from powertrain.spec.layout import Layout
+    from powertrain.spec.model import get_model
+    from powertrain.spec.run import Hardware, Knobs, RunConfig
+    from powertrain.spec.validate import rule_device
+
+    def cfg(device: str) -> RunConfig:
+        return RunConfig(name="t", model=get_model("llama3-70b"), layout=Layout(tp=8, pp=1),
+                         knobs=Knobs(micro_batch=1, global_batch=8),
+                         hardware=Hardware(nodes=1, devices_per_node=8, device=device))
+
+    assert rule_device(cfg("NVIDIA H100 80GB HBM3")) == []
+    assert case_from_run_config(cfg("h200 141gb")).device.name == "h200"
+    (v,) = rule_device(cfg("H100 PCIe"))
+    assert v.rule == "unknown_device" and "h100-sxm" in v.message
