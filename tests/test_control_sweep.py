@@ -60,6 +60,7 @@ def test_power_cap_sweep_applies_records_and_restores(tmp_path, monkeypatch):
     for rid, watts in (("pl600", 600.0), ("pl500", 500.0), ("pl400", 400.0)):
         run = tmp_path / "out" / rid
         info = json.loads((run / "run.json").read_text())
+        assert info["name"] == rid and info["stand_in"] == {"device": "h100-sxm", "ran_on": "cpu"}
         c = info["controls"]
         (dev,) = c["devices"]
         assert dev["found"]["power_limit_w"] == 700.0

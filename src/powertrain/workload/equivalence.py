@@ -2,9 +2,8 @@
 
 ``torchrun --nproc_per_node=N -m powertrain.workload.equivalence CASES.json OUT.json`` builds and
 trains every case of ``CASES.json`` in turn (``[{"name", "config": RunConfig, "steps",
-"skip_grad_sync"?, "optimizer_share"?}]``) and rank 0 writes ``{name: [global loss per step]}`` to
-``OUT.json`` (and ``{name}/optimizer_share: [numel whose optimizer state rank 0 keeps, numel of its
-parameters]`` for a case that asks).
+"skip_grad_sync"?, "facts"?}]``) and rank 0 writes ``{name: [global loss per step]}`` to ``OUT.json``
+(and ``{name}/facts``, what :func:`facts` measured, for a case that asks).
 :func:`reference_losses` gives the single-process losses of the same model and batches (micro-batch
 1, no recomputation, no parallelism) to compare with, and :func:`max_rel_diff` the comparison.
 Launch cost (5–16 s per torchrun on a small machine) is paid once for all cases.
@@ -54,22 +53,40 @@ def _numel(p: Any) -> int:
     return int(p.to_local().numel()) if hasattr(p, "to_local") else int(p.numel())
 
 
-def run_cases(cases: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+def facts(t: Any) -> dict[str, Any]:
+    """What a trainer built, as the knob walk measures it: gradient sync mode, DDP bucket size, FSDP
+    resharding and prefetch, and the share of parameters whose optimizer state this rank keeps."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    mod = t.par.module
+    every = [p for _, m in t.par.stages for p in m.parameters()]
+    owned = getattr(t.optimizer, "owned", None)
+    out: dict[str, Any] = {"dp_mode": t.par.dp_mode, "optimizer_numel": sum(_numel(p) for p in owned or every),
+                           "param_numel": sum(_numel(p) for p in every)}
+    if isinstance(mod, DistributedDataParallel):
+        out["ddp_bucket_bytes"] = mod.bucket_bytes_cap
+    blocks = [b for b in getattr(mod, "layers", {}).values() if isinstance(b, FSDPModule)]
+    if blocks:
+        state = blocks[0]._get_fsdp_state()
+        group = state._fsdp_param_group
+        out["fsdp_reshard_after_forward"] = group is not None and group.post_forward_mesh_info is not None
+        out["fsdp_forward_prefetch"] = len(state._states_to_forward_prefetch)
+    return out
+
+
+def run_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
     from powertrain.workload.trainer import Trainer
 
-    out: dict[str, list[float | None]] = {}
+    out: dict[str, Any] = {}
     for case in cases:
         cfg = RunConfig.model_validate(case["config"])
         t_build = time.perf_counter()
         t = Trainer(cfg, skip_grad_sync=bool(case.get("skip_grad_sync", False)))
         t0 = time.perf_counter()
         out[case["name"]] = [t.step(i).loss for i in range(int(case.get("steps", 5)))]
-        if case.get("optimizer_share"):  # what a distributed optimizer keeps here: [own numel, all numel]
-            owned = getattr(t.optimizer, "owned", None)
-            every = [p for _, m in t.par.stages for p in m.parameters()]
-            own = every if owned is None else owned
-            out[f"{case['name']}/optimizer_share"] = [float(sum(_numel(p) for p in own)),
-                                                      float(sum(_numel(p) for p in every))]
+        if case.get("facts"):
+            out[f"{case['name']}/facts"] = facts(t)
         if dist.get_rank() == 0:
             log.info("%s: built in %.1f s, trained in %.1f s", case["name"], t0 - t_build, time.perf_counter() - t0)
         t.close()
