@@ -194,7 +194,7 @@ def test_async_tp_is_refused_in_one_line_where_pytorch_lacks_it():
     stand_in = RunConfig.model_validate({"model": TINY, "layout": {"tp": 2}, "knobs": {"overlap": {"async_tp": True}},
                                          "hardware": {"device": "h100-sxm", "devices_per_node": 2, "stand_in": True}})
     assert validate(stand_in) == []  # an NVIDIA spec may ask for it …
-    with pytest.raises(ValueError, match="async_tp needs CUDA.*stand-in trains on the CPU"):
+    with pytest.raises(ValueError, match=r"async_tp needs CUDA.*stand-in trains on the CPU"):
         check_node_device(stand_in, "cpu")  # … but a CPU rehearsal of it is refused before launch
 
 
