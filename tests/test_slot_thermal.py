@@ -91,6 +91,9 @@ def test_placement_api_agrees_with_the_node_model() -> None:
         assert throttle_margin_c(dev, 8, slot, 550.0) == pytest.approx(dev.slowdown_c - t)
         limit = slot_power_limit_w(dev, 8, slot)
         assert slot_temperature_c(dev, 8, slot, limit) == pytest.approx(dev.slowdown_c)
+    # a heavier stage on a slot heats that slot; the node's mean sets the rear row's pre-heat
+    assert slot_temperature_c(dev, 8, 5, 650.0, node_power_w=550.0) == pytest.approx(
+        slot_temperature_c(dev, 8, 5, 550.0) + dev.thermal.r_c_per_w * slot_ratios(dev, 8)[5] * 100.0)
     assert min(slot_offset_c(dev, 8, s, 550.0) for s in range(8)) == 0.0
     assert max(slot_offset_c(dev, 8, s, 550.0) for s in range(8)) > 5.0  # the rear row
 

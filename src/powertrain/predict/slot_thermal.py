@@ -85,10 +85,14 @@ def slot_inlet_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: flo
     return th.inlet_c + pre
 
 
-def slot_temperature_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: float) -> float:
-    """Steady temperature of ``slot`` when the node's devices draw ``power_w`` on average."""
+def slot_temperature_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: float,
+                       node_power_w: float | None = None) -> float:
+    """Steady temperature of ``slot`` when its device draws ``power_w`` (the work placed there, e.g. a
+    pipeline stage) and the node's devices ``node_power_w`` on average (default: ``power_w``), which sets
+    the rear row's pre-heat."""
     ratio = slot_ratios(dev, devices_per_node)[slot]
-    return slot_inlet_c(dev, devices_per_node, slot, power_w) + dev.thermal.r_c_per_w * ratio * power_w
+    node = power_w if node_power_w is None else node_power_w
+    return slot_inlet_c(dev, devices_per_node, slot, node) + dev.thermal.r_c_per_w * ratio * power_w
 
 
 def slot_offset_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: float) -> float:
@@ -97,12 +101,13 @@ def slot_offset_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: fl
     return temps[slot] - min(temps)
 
 
-def throttle_margin_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: float) -> float | None:
+def throttle_margin_c(dev: DeviceSpec, devices_per_node: int, slot: int, power_w: float,
+                      node_power_w: float | None = None) -> float | None:
     """Degrees left before ``slot`` reaches the device's slowdown temperature (negative: it throttles);
-    None when the catalog has no slowdown temperature for the device."""
+    None when the catalog has no slowdown temperature for the device. Powers as :func:`slot_temperature_c`."""
     if dev.slowdown_c is None:
         return None
-    return dev.slowdown_c - slot_temperature_c(dev, devices_per_node, slot, power_w)
+    return dev.slowdown_c - slot_temperature_c(dev, devices_per_node, slot, power_w, node_power_w)
 
 
 def slot_power_limit_w(dev: DeviceSpec, devices_per_node: int, slot: int) -> float | None:
