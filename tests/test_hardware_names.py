@@ -33,6 +33,7 @@ SPELLINGS = [
     ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
     ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
     ("NVIDIA H200", "h200"),
+    ("H100 SXM 80GB (NVLink 900 GB/s)", "h100-sxm"),  # a bandwidth is no memory size
 ]
 
 

@@ -244,7 +244,8 @@ _NOISE = frozenset({"nvidia", "amd", "intel", "tesla", "instinct", "tensor", "co
                     "with", "and", "per", "of", "lower", "tdp", "sku", "gb", "gib", "w"})
 _NOT_FAMILY = re.compile(r"^(sxm\d*|pcie\d*|nvl\d*|oam|hbm\d*e?|gddr\d*x?|ddr\d*|gen\d+|x\d+|cx\d+|nvlink\d*|tb|s)$")
 _FAMILY = re.compile(r"^(?:[a-z]{1,3}\d{2,4}[a-z]{0,2})$")
-_MEMORY = re.compile(r"(?<![a-z0-9.])(\d{2,4}(?:\.\d+)?)\s*(?:gb|gib|g)(?![a-z])")
+# a size in GB, not a bandwidth ("900 GB/s" of NVLink is no memory size)
+_MEMORY = re.compile(r"(?<![a-z0-9.])(\d{2,4}(?:\.\d+)?)\s*(?:gb|gib|g)(?![a-z])(?!\s*/\s*s)")
 _POWER = re.compile(r"(?<![a-z0-9.])(\d{2,4})\s*w(?![a-z])")
 _FORMS = (("sxm", "sxm"), ("pcie", "pcie"), ("nvl", "nvl"), ("oam", "oam"))
 
