@@ -10,7 +10,6 @@ first, as the README says the reader's own would be.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -107,23 +106,17 @@ def test_shell_blocks_run_verbatim(workdir):
     assert len(mlperf["per_node"]) == 8 and mlperf["metrics"]["energy_j"] > 0
 
 
-def _loop_example():
-    spec = importlib.util.spec_from_file_location("cpu_train_loop", ROOT / "examples" / "cpu_train_loop.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_python_block_runs_verbatim(workdir, capsys):
     import torch
     from torch import nn
 
     (block,) = [b for b in blocks() if b.lang == "python" and not b.skipped]
+    # The reader's own loop, kept small: a real model, optimizer and backward pass, a few ms a step, so
+    # the time goes to what the README's block does (Monitor start/stop, steps, summary), not to training.
     torch.manual_seed(0)
-    model = _loop_example().build()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = nn.Sequential(nn.Embedding(512, 32), nn.Linear(32, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
     loader = [torch.randint(0, 512, (4, 33), generator=g) for _ in range(6)]
 
