@@ -285,3 +285,28 @@ def test_trainer_knobs_change_what_the_ranks_build(built):
     assert f["ep_distopt"]["optimizer_numel"] < f["ep_distopt"]["param_numel"]
     for name in ("ddp_bucket_1mb", "allreduce", "fsdp", "fsdp_no_reshard_no_prefetch"):
         assert max_rel_diff(built[name], built["ddp"]) <= 1e-4, name  # how, not what, they compute
+
+
+def _measured_run(folder: Path, device: str, rank_device: str, stand_in: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    info: dict[str, Any] = {"schema": "powertrain.run/1", "name": folder.name, "status": "ok", "kind": "run",
+                            "config": {"model": "gpt3-tiny", "hardware": {"device": device}},
+                            "rank_map": [{"rank": 0, "device": rank_device}]}
+    if stand_in:
+        info["stand_in"] = {"device": device, "ran_on": "cpu"}
+    (folder / "run.json").write_text(json.dumps(info))
+    return folder
+
+
+def test_calibrate_refuses_runs_measured_on_another_device(tmp_path):
+    from powertrain.cli.calibrate import _check_devices, measured_device
+
+    stand_in = _measured_run(tmp_path / "a", "h200", "cpu", stand_in=True)
+    real = _measured_run(tmp_path / "b", "h200", "cuda:0")
+    cpu = _measured_run(tmp_path / "c", "cpu", "cpu")
+    assert measured_device(stand_in) == ("h200", "cpu") and measured_device(real) == ("h200", "h200")
+    with pytest.raises(ValueError, match=r"names h200 but it was measured on cpu \(a stand-in run\)"):
+        _check_devices([real, stand_in], "default")
+    with pytest.raises(ValueError, match="several devices"):
+        _check_devices([real, cpu], "default")
+    _check_devices([real], "default")  # one device, measured on it: accepted

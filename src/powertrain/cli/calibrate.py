@@ -33,6 +33,9 @@ def calibrate_cmd(
 
     Example: powertrain calibrate results/cpu-sweep --name cpu-laptop
 
+    Every run must have been measured on the device its spec names, and all on the same one (the
+    profile's): a CPU stand-in run of an h200 spec, or a mix of devices, is refused with one line.
+
     NAME is a plain name (no path separators, not . or ..); an existing profile is replaced only with
     --force. In a sweep folder, a damaged run is skipped with one line (exit code 1 at the end).
     """
@@ -46,6 +49,7 @@ def calibrate_cmd(
         measured = _collect(runs, damaged)
         if not measured:
             raise ValueError("no measured runs found (predictions and failed runs are skipped)")
+        _check_devices([Path(m.label) for m in measured], base)
         cal = fit_calibration(measured, name=name, base=base,
                               params=[p.strip() for p in params.split(",")] if params else None)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
@@ -62,6 +66,43 @@ def calibrate_cmd(
                   f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
     out.print(f"profile {cal.name!r} written to {path}")
     skipped_exit(damaged)
+
+
+def measured_device(run_dir: Path) -> tuple[str, str]:
+    """(the device a run's spec names, the device it was measured on): a stand-in, or ranks on the
+    CPU (run.json ``rank_map``), measured ``cpu`` whatever the spec names."""
+    from powertrain.hardware import is_cpu_name
+    from powertrain.store import RunDir
+
+    info = RunDir(run_dir).read()
+    cfg = info.get("config")
+    hw = cfg.get("hardware") if isinstance(cfg, dict) else None
+    named = str(hw.get("device", "cpu")) if isinstance(hw, dict) else "cpu"
+    named = "cpu" if is_cpu_name(named) else named
+    ranks = info.get("rank_map") or []
+    on_cpu = bool(info.get("stand_in")) or bool(ranks and str(ranks[0].get("device", "")).startswith("cpu"))
+    return named, "cpu" if on_cpu else named
+
+
+def _check_devices(run_dirs: list[Path], base: str) -> None:
+    """Refuse (ValueError, one line) runs measured on another device than their spec names, runs of
+    several devices together, and runs of another device than the base profile's."""
+    from powertrain.predict.calibration import load_calibration
+
+    seen: dict[str, Path] = {}
+    for d in run_dirs:
+        named, ran = measured_device(d)
+        if ran != named:
+            raise ValueError(f"{d}: its spec names {named} but it was measured on {ran} (a stand-in run); "
+                             f"calibrate {named} on runs measured on {named}")
+        seen.setdefault(named, d)
+    if len(seen) > 1:
+        raise ValueError(f"runs measured on several devices ({', '.join(f'{k}: {v}' for k, v in seen.items())}); "
+                         "fit one profile per device")
+    dev = load_calibration(base).device
+    if dev is not None and seen and dev not in seen and not (dev == "cpu" and "cpu" in seen):
+        raise ValueError(f"the base profile {base!r} is for {dev} but the runs were measured on {next(iter(seen))}; "
+                         "start from a profile of that device, or from default")
 
 
 def _profile_target(name: str, output: Path | None, force: bool) -> Path:
