@@ -226,3 +226,32 @@ def test_kill_9_is_restored_by_powertrain_restore(tmp_path, ledger):
     assert "2 restored, 0 not restored" in res.stdout
     assert [g.power_limit_mw for g in read_state(state)] == [700_000, 700_000]
     assert json.loads(Path(os.environ[LEDGER_ENV]).read_text())["entries"] == []
+
+
+def test_plan_lists_every_powercap_run_with_its_controls():
+    from rich.console import Console
+
+    from powertrain.cli.plan import print_plan
+    from powertrain.plan.planner import plan
+    from powertrain.plan.sweep_spec import load_sweep_spec
+
+    p = plan(load_sweep_spec(TESTS.parent / "examples" / "study-h200-powercap.yaml"))
+    assert p.counts()["planned"] == len(p.runs) == 15 * 7
+    controls = sorted({json.dumps(r.config.knobs.controls()) for r in p.runs})
+    assert len(controls) == 7 and all(r.config.knobs.recompute == "full" for r in p.runs)
+    con = Console(record=True, width=400)
+    print_plan(p, console=con)
+    text = con.export_text()
+    assert "controls" in text and "400 W" in text and "SM 1200" in text
+    assert text.count("planned") == 105
+
+
+def test_a_control_knob_sweep_on_the_cpu_backend_is_refused_before_anything_launches(tmp_path):
+    spec = tmp_path / "cap.yaml"
+    spec.write_text("name: cap\nbase: {model: gpt3-tiny, hardware: {device: cpu}}\n"
+                    "grid:\n  - knobs.power_limit_w: [300, 200]\n")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "powertrain.cli", "sweep", str(spec), "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and "control_needs_gpu" in res.stderr and "nothing to launch" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
