@@ -61,6 +61,8 @@ def test_hostile_slurm_names_are_refused_naming_the_field(field: str, value: str
     "--output=/tmp/x",
     "--partition=debug",
     "--time=5",
+    "--outp=/tmp/x",  # sbatch reads a unique prefix as the whole option
+    "--parti=debug",
 ])
 def test_hostile_slurm_extra_is_refused_naming_the_item(option: str) -> None:
     with pytest.raises(SpecError, match=r"launch\.slurm_extra") as info:

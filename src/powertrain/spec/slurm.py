@@ -50,9 +50,12 @@ def check_option(field: str, value: str) -> str:
             "is not one --key or --key=value option (long form; no spaces, quotes, `#`, `$`, `;` or backticks)")
         raise ValueError(f"{field} {value!r} {why}")
     key = m.group("key")
-    if key in OWN_OPTIONS:
-        raise ValueError(f"{field} {value!r} sets --{key}, which the generated script sets itself: use "
-                         f"{OWN_OPTIONS[key]}")
+    # sbatch (getopt_long) takes any unique prefix of a long option: --outp=... is --output=...
+    own = next((k for k in OWN_OPTIONS if k.startswith(key)), None)
+    if own is not None:
+        abbrev = "" if own == key else f" (an abbreviation of --{own}, which sbatch accepts)"
+        raise ValueError(f"{field} {value!r} sets --{own}{abbrev}, which the generated script sets itself: use "
+                         f"{OWN_OPTIONS[own]}")
     return value
 
 
