@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The NVIDIA telemetry path end to end on one real GPU (issue 2, deliverable 6). Not part of .ci/run.
 #
-#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [--no-train] [-- ARGS for python -m powertrain.launch.gpu_check]
+#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [--no-train] [--no-controls] [-- ARGS for python -m powertrain.launch.gpu_check]
 #
 # 1. Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then
 #    checks that power rises well above idle, the energy counter agrees with the integral of power
@@ -10,6 +10,11 @@
 # 2. Unless --no-train: a short real training run on that GPU (examples/run-llama-1gpu.yaml: a ~0.6B
 #    Llama, bf16, NCCL) with `powertrain run` under the sampler → OUT_DIR/train, then `powertrain
 #    summarize` and `powertrain report` of both runs (OUT_DIR/*/report/report.html).
+# 3. Unless --no-controls, and only as root: device controls on GPU 0 — a short bf16 load as found,
+#    under a power limit of 60 % of the limit found and under an SM clock lock at 60 % of the highest
+#    SM clock, each set through powertrain.control (ledger first, read back) and restored after; checks
+#    the limit reads back, power stays under it, the clock stays at the lock, and the limit found is
+#    back at the end → OUT_DIR/gpu_controls.{json,md}. Not root: skipped with one line.
 # Default OUT_DIR: results/gpu-check-<UTC time>. Exit 0: all checks passed and the training run and
 # reports succeeded; 1: a check or the training run failed; 2: the check could not run here.
 #
@@ -24,12 +29,14 @@ cd "$(dirname "$0")/.."
 out=""
 install_torch=0
 train=1
+controls=1
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --install-torch) install_torch=1 ;;
     --no-train) train=0 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-controls) controls=0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra+=("$@"); break ;;
     -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -118,5 +125,25 @@ if [ "$train" = 1 ]; then
   for r in "$out/run" "$out/train"; do
     [ -f "$r/run.json" ] && { pt report "$r" || rc=1; }
   done
+fi
+
+if [ "$controls" = 1 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "gpu_check: device-controls step skipped: setting a power limit or a clock lock needs root (sudo scripts/gpu_check.sh)"
+  else
+    # Every setting is written to the node's ledger before it changes and restored after each load;
+    # if this step is killed, `powertrain restore` (or the next `powertrain run`) puts the GPU back.
+    echo "gpu_check: device controls on GPU 0: power limit and SM clock lock, each under load, then restored"
+    set +e
+    PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.launch.gpu_check --controls --out "$out"
+    crc=$?
+    set -e
+    case $crc in
+      0) echo "gpu_check: controls PASSED — $out/gpu_controls.md" ;;
+      1) echo "gpu_check: controls FAILED — $out/gpu_controls.md"; rc=1 ;;
+      *) echo "gpu_check: controls could not run (exit $crc)"
+         PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.cli restore || true ;;
+    esac
+  fi
 fi
 exit $rc

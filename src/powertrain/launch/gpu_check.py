@@ -262,8 +262,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=RATE_HZ, help="sampling rate in Hz (20)")
     ap.add_argument("--device", type=int, default=0, help="CUDA device index to burn (0)")
     ap.add_argument("--size", type=int, default=8192, help="matrix size n of the n×n bf16 matmul (8192)")
+    ap.add_argument("--controls", action="store_true",
+                    help="instead: the device-controls check (power limit and SM clock lock set, loaded, restored; "
+                         "needs root), powertrain.launch.gpu_control_check")
     args = ap.parse_args(argv)
     show_on_stderr()  # its diagnostics (warnings and errors) on stderr, its report on stdout
+    if args.controls:
+        from powertrain.launch.gpu_control_check import run_control_check
+
+        code, lines = run_control_check(args.out, args.device, burn_s=min(args.burn, 20.0))
+        print("\n".join(lines))
+        return code
     try:
         return _run(args)
     except Exception:  # a crash is "could not run" (2), never mistaken for a failed check (1)
