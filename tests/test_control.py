@@ -255,3 +255,29 @@ def test_a_control_knob_sweep_on_the_cpu_backend_is_refused_before_anything_laun
                          capture_output=True, text=True)
     assert res.returncode == 1 and "control_needs_gpu" in res.stderr and "nothing to launch" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_report_draws_throughput_and_j_per_token_against_the_limit(tmp_path):
+    from powertrain.report.build import Report
+    from powertrain.report.powercap import add_powercap_section, series
+
+    def row(limit, tps, jpt, label="DP1·TP2", status="ok", **extra):
+        return {"id": f"{label}.pl{limit}", "status": status, "kind": "measured", "model": "llama3-70b",
+                "label": label, "variant": None, "power_limit_w": limit, "tokens_per_s": tps, "j_per_token": jpt,
+                **extra}
+
+    rows = [row(600, 900.0, 1.1), row(400, 700.0, 0.9), row(500, 820.0, None), row(700, 950.0, 1.3),
+            row(400, 500.0, 1.0, label="DP2·PP2"), row(300, None, None, status="failed"),
+            row(None, 990.0, 1.4, **{"axis.knobs.sm_clock_mhz": [1200, 1200]})]
+    s = series(rows, "power_limit_w")
+    assert s["llama3-70b DP1·TP2"] == [(400.0, 700.0, 0.9), (500.0, 820.0, None), (600.0, 900.0, 1.1),
+                                       (700.0, 950.0, 1.3)]  # sorted by the limit; a failed run is left out
+    assert s["llama3-70b DP2·PP2"] == [(400.0, 500.0, 1.0)]
+    assert series(rows, "axis.knobs.sm_clock_mhz") == {"llama3-70b DP1·TP2": [(1200.0, 990.0, 1.4)]}
+    rep = Report(tmp_path / "r", "t", ("png",))
+    add_powercap_section(rep, rows)
+    html = rep.write().read_text()
+    assert "Power limit and clock lock" in html and "powercap_power_limit_w" in html and "powercap_sm_clock_mhz" in html
+    empty = Report(tmp_path / "e", "t", ("png",))
+    add_powercap_section(empty, [row(None, 1.0, 1.0)])  # no control set: no section
+    assert "Power limit" not in empty.write().read_text()
