@@ -113,8 +113,9 @@ def _power_levels(ctx: RunContext, pw: list[dict[str, Any]], fam: Family) -> Non
 
 def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: int, w1: int) -> float | None:
     """The exact p99 of these devices' power samples in the window (order statistics at position
-    (n − 1)·0.99, linearly interpolated). DuckDB's top-N keeps only the top 1 % + 2 rows, so memory
-    stays small however long the run (``quantile_cont`` would hold every sample)."""
+    (n − 1)·0.99, linearly interpolated). DuckDB's ``max(x, k)`` keeps only the top 1 % (a bounded
+    heap), so memory stays small however long the run (``quantile_cont`` or an ORDER BY … OFFSET
+    would hold every sample)."""
     hosts = sorted({k[0] for k in keys})
     devices = sorted({k[1] for k in keys})
     where = ("t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND list_contains(?, host) "
@@ -124,10 +125,10 @@ def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: i
     if not n:
         return None
     lo, hi, d = device_pass.quantile_positions(n, 0.99)
-    # descending: order statistic k is row n − 1 − k; fetch rows for hi and lo (the same row when equal)
-    top = con.execute(f"SELECT power_w FROM tel WHERE {where} ORDER BY power_w DESC "
-                      f"LIMIT {2 if hi > lo else 1} OFFSET {n - 1 - hi}", args).fetchall()
-    b, a = float(top[0][0]), float(top[-1][0])
+    # descending, 1-based: order statistic k is item n − k; the top n − lo items reach the lower one
+    top = con.execute(f"SELECT list_slice(max(power_w, {n - lo}), {n - hi}, {n - lo}) FROM tel WHERE {where}",
+                      args).fetchall()[0][0]
+    b, a = float(top[0]), float(top[-1])
     return device_pass.lerp(a, b, d)
 
 
