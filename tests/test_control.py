@@ -21,7 +21,12 @@ from powertrain.control.apply import apply_controls, restore_stale
 from powertrain.control.interface import ControlRefused
 from powertrain.control.ledger import LEDGER_ENV, Ledger, this_owner
 from powertrain.control.nvidia import NvidiaControls
-from powertrain.launch.controls import check_node_device, node_controls, restore_left_over
+from powertrain.launch.controls import (
+    check_node_device,
+    node_controls,
+    restore_left_over,
+    visible_devices_env,
+)
 from powertrain.spec.run import RunConfig
 from standins import fake_nvml
 from standins.fake_amdsmi import FakeAmdGpu, FakeAmdSmi
@@ -172,7 +177,16 @@ def test_a_gpu_spec_on_a_cpu_node_needs_stand_in():
         check_node_device(cfg, "cpu")
     assert check_node_device(cfg.model_copy(update={"hardware": cfg.hardware.model_copy(
         update={"stand_in": True})}), "cpu") == {"device": "h200", "ran_on": "cpu"}
-    assert check_node_device(cfg, "cuda") is None
+    assert check_node_device(cfg, "cuda") is None  # a GPU whose name is not known: nothing to compare
+    assert check_node_device(cfg, "cuda", "NVIDIA H200") is None
+    with pytest.raises(ValueError, match=r"this node's GPUs are NVIDIA H100 80GB HBM3 \(h100-sxm\); set "
+                                         r"hardware.device: h100-sxm, or hardware.stand_in: true"):
+        check_node_device(cfg, "cuda", "NVIDIA H100 80GB HBM3")
+    rehearsal = cfg.model_copy(update={"hardware": cfg.hardware.model_copy(update={"stand_in": True})})
+    assert check_node_device(rehearsal, "cuda", "NVIDIA H100 80GB HBM3") == {"device": "h200", "ran_on": "h100-sxm"}
+    cpu = RunConfig.model_validate({"model": "gpt3-tiny"})
+    assert check_node_device(cpu, "cuda", "NVIDIA H200") is None
+    assert visible_devices_env(cpu, "cuda") == {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}  # trains on the CPU
 
 
 _HOLD = """

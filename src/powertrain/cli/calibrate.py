@@ -69,8 +69,8 @@ def calibrate_cmd(
 
 
 def measured_device(run_dir: Path) -> tuple[str, str]:
-    """(the device a run's spec names, the device it was measured on): a stand-in, or ranks on the
-    CPU (run.json ``rank_map``), measured ``cpu`` whatever the spec names."""
+    """(the device a run's spec names, the device it was measured on): a stand-in's ``ran_on``, or
+    ``cpu`` for ranks on the CPU (run.json ``rank_map``), whatever the spec names."""
     from powertrain.hardware import is_cpu_name
     from powertrain.store import RunDir
 
@@ -79,8 +79,11 @@ def measured_device(run_dir: Path) -> tuple[str, str]:
     hw = cfg.get("hardware") if isinstance(cfg, dict) else None
     named = str(hw.get("device", "cpu")) if isinstance(hw, dict) else "cpu"
     named = "cpu" if is_cpu_name(named) else named
+    stand_in = info.get("stand_in")
+    if isinstance(stand_in, dict) and stand_in.get("ran_on"):
+        return named, str(stand_in["ran_on"])
     ranks = info.get("rank_map") or []
-    on_cpu = bool(info.get("stand_in")) or bool(ranks and str(ranks[0].get("device", "")).startswith("cpu"))
+    on_cpu = bool(ranks and str(ranks[0].get("device", "")).startswith("cpu"))
     return named, "cpu" if on_cpu else named
 
 

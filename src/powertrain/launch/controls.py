@@ -22,28 +22,45 @@ from powertrain.control.apply import apply_controls, open_controls, restore_stal
 from powertrain.control.interface import ControlRefused
 from powertrain.control.ledger import Ledger, this_owner
 from powertrain.hardware import get_device, is_cpu_name
+from powertrain.hardware.catalog import UnknownDeviceError, resolve_device
 from powertrain.spec.run import RunConfig
 
 UNAPPLIED_HINT = ("; nothing was started — or pass --allow-unapplied to run with the device as it is "
                   "(run.json then records the setting as not applied)")
 
 
-def check_node_device(cfg: RunConfig, node_device_type: str) -> dict[str, Any] | None:
-    """Refuse (ValueError, one line) a GPU spec on a node without GPUs unless it is a declared stand-in.
+def check_node_device(cfg: RunConfig, node_device_type: str, node_device_name: str | None = None
+                      ) -> dict[str, Any] | None:
+    """Refuse (ValueError, one line) a spec whose ``hardware.device`` is not what this node has, unless
+    it is a declared stand-in (``hardware.stand_in: true``: then it runs here, and run.json says so).
 
-    Returns the stand-in record for run.json (``{"device", "ran_on"}``), or None when the node has
-    what the spec names."""
+    ``node_device_type``: ``cpu`` or the accelerator type; ``node_device_name``: the GPU's own name
+    (``torch.cuda.get_device_name``), matched to the catalog. A CPU spec always runs on the CPU (the
+    launcher hides the GPUs from its ranks). Returns the stand-in record for run.json, or None."""
     name = cfg.hardware.device
-    if is_cpu_name(name) or node_device_type != "cpu":
+    if is_cpu_name(name):
+        return None
+    if node_device_type == "cpu":
+        if not cfg.hardware.stand_in:
+            raise ValueError(f"hardware.device is {name} but this node has no GPU (torch sees only the CPU); "
+                             "run it on a node with that device, or set hardware.stand_in: true to rehearse it "
+                             "on this CPU (run.json records it as a stand-in; calibrate refuses it)")
+        if cfg.knobs.overlap.async_tp and cfg.layout.tp > 1:
+            raise ValueError("knobs.overlap.async_tp needs CUDA (symmetric memory, torch.compile's micro-pipeline "
+                             "TP pass) and this stand-in trains on the CPU; set it false for the rehearsal")
+        return {"device": name, "ran_on": "cpu"}
+    if node_device_name is None:
+        return None
+    try:
+        found = resolve_device(node_device_name)
+    except UnknownDeviceError:  # a GPU the catalog does not know: nothing to compare it with
+        return None
+    if found == get_device(name).name:
         return None
     if not cfg.hardware.stand_in:
-        raise ValueError(f"hardware.device is {name} but this node has no GPU (torch sees only the CPU); "
-                         "run it on a node with that device, or set hardware.stand_in: true to rehearse it "
-                         "on this CPU (run.json records it as a stand-in; calibrate refuses it)")
-    if cfg.knobs.overlap.async_tp and cfg.layout.tp > 1:
-        raise ValueError("knobs.overlap.async_tp needs CUDA (symmetric memory, torch.compile's micro-pipeline TP "
-                         "pass) and this stand-in trains on the CPU; set it false for the rehearsal")
-    return {"device": name, "ran_on": "cpu"}
+        raise ValueError(f"hardware.device is {name} but this node's GPUs are {node_device_name} ({found}); set "
+                         f"hardware.device: {found}, or hardware.stand_in: true to rehearse {name} on them")
+    return {"device": name, "ran_on": found}
 
 
 def device_indices(cfg: RunConfig) -> list[int]:
@@ -54,7 +71,10 @@ def device_indices(cfg: RunConfig) -> list[int]:
 
 def visible_devices_env(cfg: RunConfig, node_device_type: str) -> dict[str, str]:
     """``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` in ``launch.device_order``'s order: local rank
-    i (which uses visible device i) then runs on GPU ``device_order[i]``. Empty without an order."""
+    i (which uses visible device i) then runs on GPU ``device_order[i]``. Empty without an order; both
+    empty (no GPU visible) for a CPU spec."""
+    if is_cpu_name(cfg.hardware.device):  # a CPU spec trains on the CPU even on a GPU node
+        return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
     order = cfg.launch.device_order
     if order is None:
         return {}

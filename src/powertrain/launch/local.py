@@ -319,7 +319,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     that cannot be set is recorded as not applied; ``controls_binding`` injects its vendor library).
     """
     dev = _check_node(cfg, nnodes, node_rank, master_addr, master_port)
-    stand_in = check_node_device(cfg, dev)
+    stand_in = check_node_device(cfg, dev, _gpu_name() if dev != "cpu" else None)
     restored = restore_left_over(controls_binding)  # what a run killed with -9 left on this node
     env = {**(env or {}), **visible_devices_env(cfg, dev)}
     out = Path(out)
@@ -396,6 +396,8 @@ def _check_node(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | 
     if nnodes > 1 and (not master_addr or not master_port):
         raise ValueError("several nodes need node 0's address and a free port: --master-addr A --master-port P")
     dev, count = accelerator()
+    if is_cpu_name(cfg.hardware.device):  # its ranks see no GPU (visible_devices_env): a CPU run, as named
+        return "cpu"
     if dev != "cpu" and cfg.hardware.devices_per_node > count:
         raise ValueError(f"the spec needs {cfg.hardware.devices_per_node} ranks per node but this node has "
                          f"{count} {dev} devices; set hardware.devices_per_node ≤ {count}")
@@ -404,6 +406,16 @@ def _check_node(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | 
         raise ValueError(f"launch.device_order {order} names GPU {max(order)} but this node has {count} {dev} "
                          f"devices (0…{count - 1}); list indices below {count}")
     return dev
+
+
+def _gpu_name() -> str | None:
+    """The name this node's first GPU gives itself (CUDA and ROCm builds of torch alike), None if unreadable."""
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    except (ImportError, RuntimeError, AssertionError):
+        return None
 
 
 def _note_placement(info: dict[str, Any], cfg: RunConfig, stand_in: dict[str, Any] | None,
