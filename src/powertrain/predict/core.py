@@ -14,7 +14,7 @@ from powertrain.core.flops import Shape, model_flops_per_step, recompute_flops_p
 from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.memory import memory_per_device
-from powertrain.predict.power import DevicePower, clock_factor, device_power
+from powertrain.predict.power import DevicePower, clock_exponent, clock_factor, step_power
 from powertrain.predict.steptime import StepTime, step_time
 from powertrain.predict.thermal import SlotThermal, slot_temperatures
 
@@ -116,7 +116,7 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
 
     clock = clock_factor(dev, c, case.power_limit_w)
     st = step_time(case, c, clock, sh)
-    pw = device_power(dev, c, st.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
+    pw = step_power(dev, c, st, clock)
     dpn = min(case.devices_per_node, world)
     slots = slot_temperatures(dev, dpn, pw.mean_w, pw.peak_w, st.burst_s)
     throttled = any(s.throttled for s in slots)
@@ -185,11 +185,10 @@ def _thermal_stragglers(case: Case, c: Coefficients, sh: Shape, clock: float, st
     comp_dyn = (pw.compute_w - dev.idle_w) * st.compute_s / st.total_s
     if comp_dyn > 0:
         share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
-        thermal_clock = max(0.3, share ** (1.0 / c.power_clock_exponent))
+        thermal_clock = max(0.3, share ** (1.0 / clock_exponent(c)))
     st_slow = step_time(case, c, clock * thermal_clock, sh)
-    hot = device_power(dev, c, st_slow.total_s, st_slow.compute_s, st_slow.memory_s, st_slow.burst_s,
-                       clock * thermal_clock)
-    cool = device_power(dev, c, st_slow.total_s, st.compute_s, st.memory_s, st.burst_s, clock)
+    hot = step_power(dev, c, st_slow, clock * thermal_clock)
+    cool = step_power(dev, c, st, clock, step_s=st_slow.total_s)
     powers = [hot if s.throttled else cool for s in slots for _ in s.slots]
     slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st_slow.burst_s)
     slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
