@@ -72,8 +72,9 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                   "of the top N), or megatron, nemo, torchtitan "
                                                                   "(print flags). Repeatable.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Folder for the advice report (report.html, figures/, advice.json).")] = None,
-    placement: Annotated[Path | None, typer.Option("--placement", help="Measured or imported run directory: "
-                                                                       "per-slot profile → stage placement.")] = None,
+    placement: Annotated[Path | None, typer.Option("--placement", help="Measured or imported run directory "
+                                                                       "(per-slot profile → stage placement), or "
+                                                                       "'model' for the predictor's slot model.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advice as one JSON object.")] = False,
 ) -> None:
     """Find the best layout for a model on a cluster under power, thermal and memory limits.
@@ -251,13 +252,18 @@ def _emit(adv: Advice, target: str) -> None:
 
 
 def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> None:
-    from powertrain.advise.placement import place_stages, placement_gain, slot_profile
+    from powertrain.advise.placement import place_stages, placement_gain, predicted_profile, slot_profile
 
+    # the best-ranked configuration with a (non-interleaved) pipeline: placement moves stages, so it needs one
+    cands = [p.cand for p in sorted(adv.points, key=lambda p: p.score) if p.cand.case.pp > 1 and p.cand.case.vp == 1][:1]
     try:
-        prof = slot_profile(run_dir)
+        if str(run_dir) == "model":  # no measured run: the predictor's slot thermal model
+            prof = predicted_profile((cands[0] if cands else adv.top[0].point.cand).case, cal)
+        else:
+            prof = slot_profile(run_dir)
     except (OSError, ValueError) as exc:
         fail(f"--placement: {exc}")
-    t = Table(title=f"per-slot profile of {escape(str(run_dir))} (busy samples)", title_justify="left")
+    t = Table(title=f"per-slot profile of {escape(prof.source)} (busy samples)", title_justify="left")
     for col in ("slot", "samples", "°C mean", "°C p95", "SM MHz", "throttled", "W mean", "util %", "speed"):
         t.add_column(col, justify="right")
     for s in prof.slots:
@@ -269,9 +275,8 @@ def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> None:
                   "—" if v is None else f"{v:.3f}")
     out.print(t)
     out.print(f"speed from: {escape(prof.speed_from)}")
-    cands = [r.point.cand for r in adv.top if r.point.cand.case.pp > 1 and r.point.cand.case.vp == 1]
     if not cands:
-        out.print("placement: none of the top configurations has a (non-interleaved) pipeline; nothing to place")
+        out.print("placement: no feasible configuration has a (non-interleaved) pipeline; nothing to place")
         return
     cand = cands[0]
     try:

@@ -1,0 +1,72 @@
+"""Confirmation: did the measured runs of advise's top N come out in the advised order?
+
+The sweep ``--emit FILE.yaml`` writes lists the top N as ``cases`` in the advised order, so the
+sweep's ``sweep.json`` holds them in that order (``index``). :func:`confirm` reads each finished
+run's measured step time (:func:`powertrain.predict.read_measured_run`, the same reader
+``calibrate`` uses: step events of the measured window), ranks them by measured tokens/s and says
+whether the orders agree, and how far the advised #1 is from the best measured run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from powertrain.plan.state import SweepState
+from powertrain.predict import read_measured_run
+
+
+@dataclass
+class Confirmation:
+    rows: list[dict[str, Any]]  # advised rank, run id, measured step s, measured tok/s, measured rank (None: no run)
+    agree: bool  # measured order of the finished runs equals the advised order
+    top1_gap: float | None  # best measured tok/s ÷ advised #1's measured tok/s − 1 (0: #1 was the fastest)
+    notes: list[str]
+
+    def lines(self) -> list[str]:
+        out = [f"advised #{r['advised']}: {r['id']}: "
+               + (f"{r['tokens_per_s']:,.1f} tok/s measured (step {r['step_s']:.4g} s), measured rank "
+                  f"#{r['measured']}" if r["tokens_per_s"] is not None else f"not measured ({r['why']})")
+               for r in self.rows]
+        out.append("measured order agrees with the advised order" if self.agree else
+                   "DISAGREEMENT: measured order " + " > ".join(f"#{r['advised']}" for r in
+                                                               sorted((r for r in self.rows if r["measured"]),
+                                                                      key=lambda r: r["measured"])))
+        if self.top1_gap is not None:
+            out.append(f"advised #1 is {self.top1_gap:.1%} below the best measured run" if self.top1_gap > 0 else
+                       "advised #1 is the fastest measured run")
+        return out + [f"note: {n}" for n in self.notes]
+
+
+def confirm(sweep_dir: str | os.PathLike[str]) -> Confirmation:
+    """Compare the measured runs of a confirmation sweep with the advised order (its case order)."""
+    folder = Path(sweep_dir)
+    state = SweepState.load(folder)
+    if state is None:
+        raise ValueError(f"{folder}: no sweep.json; run the emitted sweep first (powertrain sweep FILE-sweep.yaml "
+                         "--out DIR)")
+    runs = sorted((r for r in state.runs if r.get("status") not in ("rejected", "duplicate", "unsupported")),
+                  key=lambda r: r.get("index", 0))
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for i, r in enumerate(runs, 1):
+        row: dict[str, Any] = {"advised": i, "id": r["id"], "step_s": None, "tokens_per_s": None, "measured": None,
+                               "why": None}
+        try:
+            m = read_measured_run(folder / r["id"])
+            row["step_s"] = m.step_time_s
+            row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / m.step_time_s
+        except (OSError, ValueError) as exc:
+            row["why"] = str(exc).splitlines()[0]
+            notes.append(f"{r['id']}: {row['why']}")
+        rows.append(row)
+    done = [r for r in rows if r["tokens_per_s"] is not None]
+    for rank, r in enumerate(sorted(done, key=lambda r: -r["tokens_per_s"]), 1):
+        r["measured"] = rank
+    agree = [r["measured"] for r in done] == sorted(r["measured"] for r in done)
+    gap = None
+    if done and rows[0]["tokens_per_s"] is not None:
+        gap = max(r["tokens_per_s"] for r in done) / rows[0]["tokens_per_s"] - 1
+    return Confirmation(rows, agree, gap, notes)
