@@ -185,7 +185,8 @@ HEATMAP_MIN_DEVICES = 17  # from this many devices on, power is also drawn as a 
 
 def _timeline_series(run_path: Path, fields_supported: list[str], imported: bool = False
                      ) -> tuple[dict[str, Any], dict[str, str], int, tuple[list[str], np.ndarray, np.ndarray] | None]:
-    """Per-field, per-device series (first MAX_TIMELINE_DEVICES), what is missing, t0, and — for many
+    """Per-field, per-device series (first MAX_TIMELINE_DEVICES; per time bin: seconds, mean, min, max),
+    what is missing, t0, and — for many
     devices — every device's power as (labels, seconds, devices × time matrix). For an ``imported``
     run the reasons speak of the records, not of this machine's sensors."""
     con = duckdb.connect()
@@ -200,10 +201,12 @@ def _timeline_series(run_path: Path, fields_supported: list[str], imported: bool
         bucket = max((t1 - t0) // MAX_POINTS_PER_DEVICE, 1)
         counts = con.execute("SELECT " + ", ".join(f"count({f})" for f in TIMELINE_FIELDS) + " FROM tel").fetchall()[0]
         present = [f for f, c in zip(TIMELINE_FIELDS, counts, strict=True) if c]
-        series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        series: dict[str, dict[str, tuple[np.ndarray, ...]]] = {}
         if present:
+            # mean, min and max per bin: the line is the mean, the band the extremes, so a short peak
+            # a mean would flatten is still drawn (bins stay MAX_POINTS_PER_DEVICE whatever the length)
             q = (f"SELECT host, device, (t_ns - {t0}) // {bucket} AS b, "
-                 + ", ".join(f"avg({f}) AS {f}" for f in present)
+                 + ", ".join(f"avg({f}) AS {f}, min({f}) AS {f}__min, max({f}) AS {f}__max" for f in present)
                  + " FROM tel GROUP BY host, device, b ORDER BY host, device, b")
             t = con.sql(q).to_arrow_table()
             keys = sorted(set(zip(t["host"].to_pylist(), t["device"].to_pylist(), strict=True)), key=_natural)
@@ -215,11 +218,13 @@ def _timeline_series(run_path: Path, fields_supported: list[str], imported: bool
                                      bucket)
             for f in present:
                 vals = t[f].to_numpy(zero_copy_only=False).astype(float)
+                lo = t[f"{f}__min"].to_numpy(zero_copy_only=False).astype(float)
+                hi = t[f"{f}__max"].to_numpy(zero_copy_only=False).astype(float)
                 for h, d in keys[:MAX_TIMELINE_DEVICES]:
                     sel = (hosts == h) & (devs == d) & ~np.isnan(vals)
                     if sel.any():
                         label = d if len({k[0] for k in keys}) == 1 else f"{h}/{d}"
-                        series.setdefault(f, {})[label] = (secs[sel], vals[sel])
+                        series.setdefault(f, {})[label] = (secs[sel], vals[sel], lo[sel], hi[sel])
         missing = {}
         for f, why in (("power_w", "no power sensor on these devices"),
                        ("temp_c", "no temperature sensor on these devices"),
@@ -324,7 +329,9 @@ def _run_timelines(rep: Report, path: Path, name: str, summ: dict[str, Any], inf
         heading = "Not in the imported records" if imported else "Not measured in this run"
         rep.figure("timelines", lambda: F.timelines(series, missing, spans, f"{name}: telemetry per device",
                                                     absent=(heading, absent)),
-                   "Telemetry per device; shaded: step windows (green measured, orange warm-up). "
+                   "Telemetry per device: the line is the mean of each time bin, the light band its minimum and "
+                   f"maximum (at most {MAX_POINTS_PER_DEVICE} bins per device, so a short peak stays visible); "
+                   "shaded: step windows (green measured, orange warm-up). "
                    + ("Fields the imported records do not hold are listed, not drawn as zeros." if imported else
                       "Fields this machine cannot measure are listed, not drawn as zeros."))
     if heat is not None:

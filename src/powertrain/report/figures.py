@@ -66,12 +66,13 @@ def thin_ticks(n: int, most: int = MAX_TICK_LABELS) -> list[int]:
     return list(range(0, n, stride))
 
 
-def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_measured: dict[str, str],
+def timelines(series: dict[str, dict[str, tuple[np.ndarray, ...]]], not_measured: dict[str, str],
               step_spans: Sequence[tuple[float, float, str]], title: str, *,
               absent: tuple[str, str] = ("Not measured in this run", "not measured")) -> Figure:
     """One panel per field with data (a line per device) and one panel listing what was not measured.
 
-    ``series[field][device] = (seconds since start, values)``; ``not_measured[field] = reason``;
+    ``series[field][device] = (seconds since start, values)`` or, for decimated series, ``(seconds,
+    mean, min, max)`` per time bin (the band is drawn under the line); ``not_measured[field] = reason``;
     ``absent`` = (heading, per-field phrase) of that list, e.g. ("Not in the imported records",
     "not in the imported records") for an imported run. The data panels share the time axis and the
     lowest one carries its tick labels (SVG group id :data:`TIME_AXIS_GID`); the list of absent fields
@@ -85,8 +86,10 @@ def timelines(series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], not_m
         axs.append(fig.add_subplot(gs[i], sharex=axs[0] if axs else None))
     for i, (ax, (field, devs)) in enumerate(zip(axs, series.items(), strict=True)):
         scale = 1 / 2**30 if field.endswith("_bytes") else 1.0
-        for dev, (t, v) in devs.items():
-            ax.plot(t, v * scale, lw=0.9, label=dev)
+        for dev, (t, v, *band) in devs.items():
+            (line,) = ax.plot(t, v * scale, lw=0.9, label=dev)
+            if band:  # min and max of each time bin: the peaks a mean would flatten
+                ax.fill_between(t, band[0] * scale, band[1] * scale, color=line.get_color(), alpha=0.1, lw=0)
         _shade_steps(ax, step_spans)
         ax.set_ylabel(FIELD_LABEL.get(field, field), fontsize=8)
         if i < len(series) - 1:
