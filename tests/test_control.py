@@ -295,3 +295,18 @@ def test_the_report_draws_throughput_and_j_per_token_against_the_limit(tmp_path)
     empty = Report(tmp_path / "e", "t", ("png",))
     add_powercap_section(empty, [row(None, 1.0, 1.0)])  # no control set: no section
     assert "Power limit" not in empty.write().read_text()
+
+
+def test_a_gpu_without_locked_clocks_gets_its_sm_clock_through_application_clocks(ledger):
+    gpus = _gpus(1)
+    gpus[0].unsupported = {"nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"}  # before Volta
+    nvml = FakeNvml(gpus)
+    applied = apply_controls({"sm_clock_mhz": [1100, 1400]}, NvidiaControls(nvml), ledger, [0], this_owner("r"))
+    s = applied.record["devices"][0]["settings"]["sm_clock_mhz"]
+    assert nvml.gpus[0].app_clocks == (2619, 1400) and s["applied"] is True
+    assert s["how"].startswith("application clocks (SM 1400 MHz, memory 2619 MHz)")
+    applied.restore()
+    assert nvml.gpus[0].app_clocks is None and nvml.gpus[0].history == ["app 2619/1400", "app reset"]
+    gpus[0].unsupported |= {"nvmlDeviceSetMemoryLockedClocks"}
+    with pytest.raises(ControlRefused, match="gpu0: cannot set the memory clock lock: NVML: Not Supported"):
+        apply_controls({"mem_clock_mhz": 1600}, NvidiaControls(nvml), ledger, [0], this_owner("r"))

@@ -186,6 +186,7 @@ class FakeGpu:
     can_set: bool = True
     sm_lock: tuple[int, int] | None = None
     mem_lock: tuple[int, int] | None = None
+    app_clocks: tuple[int, int] | None = None  # (memory, graphics) MHz set as application clocks
     history: list[str] = field(default_factory=list)  # every set call, in order ("power 500000", "sm 1200-1500")
 
     def advance(self, seconds: float) -> None:
@@ -372,6 +373,19 @@ class FakeNvml:
 
     def nvmlDeviceResetMemoryLockedClocks(self, h: _Handle) -> None:
         self._lock("nvmlDeviceResetMemoryLockedClocks", h, "mem", None, None)
+
+    def nvmlDeviceSetApplicationsClocks(self, h: _Handle, maxMemClockMHz: int, maxGraphicsClockMHz: int) -> None:
+        g = self._settable("nvmlDeviceSetApplicationsClocks", h)
+        if maxMemClockMHz > g.clock_mem_max_mhz or maxGraphicsClockMHz > g.clock_sm_max_mhz:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        g.app_clocks = (int(maxMemClockMHz), int(maxGraphicsClockMHz))
+        g.clock_sm_mhz = int(maxGraphicsClockMHz)
+        g.history.append(f"app {maxMemClockMHz}/{maxGraphicsClockMHz}")
+
+    def nvmlDeviceResetApplicationsClocks(self, h: _Handle) -> None:
+        g = self._settable("nvmlDeviceResetApplicationsClocks", h)
+        g.app_clocks, g.clock_sm_mhz = None, g.clock_sm_max_mhz
+        g.history.append("app reset")
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", h).power_avg_mw

@@ -18,7 +18,7 @@ from typing import Any
 
 from standins.fake_nvml import FakeGpu, FakeNvml
 
-_TUPLES = ("sm_lock", "mem_lock")
+_TUPLES = ("sm_lock", "mem_lock", "app_clocks")
 
 
 def write_state(path: Path, gpus: list[FakeGpu]) -> None:

@@ -107,9 +107,10 @@ class AmdControls(DeviceControls):
         top = as_number(info.get("max_clk")) if isinstance(info, dict) else None
         return int(top) if top is not None else None
 
-    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> None:
+    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> str:
         clk = self.smi.AmdSmiClkType.GFX if kind == "sm" else self.smi.AmdSmiClkType.MEM
         self._call(index, _SETTING[kind], "amdsmi_set_gpu_clk_range", int(lo), int(hi), clk)
+        return "clock range (performance level manual)"
 
     def reset_clock(self, index: int, kind: str) -> None:
         level = getattr(self.smi, "AmdSmiDevPerfLevel", None)

@@ -170,12 +170,12 @@ def _set_one(controls: DeviceControls, d: DeviceId, knob: str, value: Any) -> di
                 "how": "read back from the device"}
     kind = "sm" if knob == "sm_clock_mhz" else "mem"
     lo, hi = (value[0], value[1]) if isinstance(value, list | tuple) else (value, value)
-    controls.lock_clock_mhz(d.index, kind, int(lo), int(hi))
+    how = controls.lock_clock_mhz(d.index, kind, int(lo), int(hi))
     top = controls.max_clock_mhz(d.index, kind)
     eff = [min(lo, top), min(hi, top)] if top is not None else [lo, hi]
+    clamp = f"clamped to the device's highest clock {top} MHz" if top is not None else "highest clock not reported"
     return {"requested": value, "in_effect": eff if isinstance(value, list | tuple) else eff[1], "applied": True,
-            "how": "accepted by the driver (a lock is not readable back); clamped to the device's highest "
-                   f"clock {top} MHz" if top is not None else "accepted by the driver; highest clock not reported"}
+            "how": f"{how}, accepted by the driver (a lock is not readable back); {clamp}"}
 
 
 def apply_controls(requested: dict[str, Any], controls: DeviceControls, ledger: Ledger, device_indices: list[int],

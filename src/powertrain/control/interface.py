@@ -71,8 +71,8 @@ class DeviceControls(ABC):
         """The highest clock of ``kind`` (``sm`` or ``mem``) the device runs, None when not reported."""
 
     @abstractmethod
-    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> None:
-        """Lock the ``sm`` or ``mem`` clock to [lo, hi] MHz."""
+    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> str:
+        """Lock the ``sm`` or ``mem`` clock to [lo, hi] MHz; returns how (e.g. "locked clocks")."""
 
     @abstractmethod
     def reset_clock(self, index: int, kind: str) -> None:

@@ -4,7 +4,9 @@ The calls, all in NVML's units (mW, MHz): ``nvmlDeviceGetPowerManagementLimit`` 
 ``nvmlDeviceSetPowerManagementLimit`` and ``…LimitConstraints`` for the power limit;
 ``nvmlDeviceSetGpuLockedClocks`` / ``nvmlDeviceResetGpuLockedClocks`` for the SM (graphics) clock
 range; ``nvmlDeviceSetMemoryLockedClocks`` / ``nvmlDeviceResetMemoryLockedClocks`` for the memory
-clock; ``nvmlDeviceGetMaxClockInfo`` for the top of the range. Setting anything needs root (NVML
+clock; ``nvmlDeviceGetMaxClockInfo`` for the top of the range. Where a GPU has no locked clocks
+(before Volta) the SM clock is set through the application clocks
+(``nvmlDeviceSetApplicationsClocks`` / ``…ResetApplicationsClocks``), and the record says so. Setting anything needs root (NVML
 answers "Insufficient Permissions" otherwise); clock locks need Volta or newer (memory locks Ampere
 or newer) and answer "Not Supported" elsewhere.
 
@@ -103,13 +105,31 @@ class NvidiaControls(DeviceControls):
         except ControlRefused:
             return None
 
-    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> None:
+    def lock_clock_mhz(self, index: int, kind: str, lo: int, hi: int) -> str:
         fn = "nvmlDeviceSetGpuLockedClocks" if kind == "sm" else "nvmlDeviceSetMemoryLockedClocks"
-        self._call(index, _SETTING[kind], fn, int(lo), int(hi))
+        try:
+            self._call(index, _SETTING[kind], fn, int(lo), int(hi))
+            return "locked clocks"
+        except ControlRefused as exc:
+            if kind != "sm" or "Not Supported" not in exc.why:
+                raise
+        # A GPU without locked clocks (before Volta): the application clocks set the SM clock it runs
+        # at (the top of the range), with the memory clock at its maximum.
+        mem = self.max_clock_mhz(index, "mem")
+        if mem is None:
+            raise ControlRefused(f"gpu{index}", _SETTING[kind], "neither locked nor application clocks are "
+                                 "available (no memory clock reported)", "a GPU that supports either")
+        self._call(index, "the application clocks", "nvmlDeviceSetApplicationsClocks", mem, int(hi))
+        return f"application clocks (SM {hi} MHz, memory {mem} MHz): this GPU has no locked clocks"
 
     def reset_clock(self, index: int, kind: str) -> None:
         fn = "nvmlDeviceResetGpuLockedClocks" if kind == "sm" else "nvmlDeviceResetMemoryLockedClocks"
-        self._call(index, _SETTING[kind], fn)
+        try:
+            self._call(index, _SETTING[kind], fn)
+        except ControlRefused as exc:
+            if kind != "sm" or "Not Supported" not in exc.why:
+                raise
+            self._call(index, "the application clocks", "nvmlDeviceResetApplicationsClocks")
 
     def close(self) -> None:
         with contextlib.suppress(self.nvml.NVMLError):
