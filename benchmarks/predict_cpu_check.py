@@ -32,7 +32,10 @@ from pathlib import Path
 import numpy as np
 
 FIT = ("dp1", "dp2", "tp2")
+# "validation": earlier work added model terms after seeing misses on these five, so they are not held out
 HELD_OUT = ("pp2", "dp1-mb4", "dp2-full", "tp2-sp", "dp2-mb4")
+# the frozen held-out set: fixed in benchmarks/predict_cpu_frozen.yaml before any tuning, scored apart
+FROZEN_FILE = Path(__file__).with_name("predict_cpu_frozen.yaml")
 SPECS = {
     "dp1": (1, "{tp: 1, pp: 1}", 1, "none"),
     "dp2": (2, "{tp: 1, pp: 1}", 1, "none"),
@@ -43,6 +46,17 @@ SPECS = {
     "tp2-sp": (2, "{tp: 2, pp: 1, sequence_parallel: true}", 1, "none"),
     "dp2-mb4": (2, "{tp: 1, pp: 1}", 4, "none"),
 }
+
+
+def _frozen() -> dict[str, tuple[int, str, int, str]]:
+    import yaml
+
+    raw = yaml.safe_load(FROZEN_FILE.read_text())["layouts"]
+    return {str(k): (int(v[0]), str(v[1]), int(v[2]), str(v[3])) for k, v in raw.items()}
+
+
+FROZEN = _frozen()
+SPECS.update(FROZEN)
 
 
 def spec_text(name: str) -> str:
@@ -99,21 +113,26 @@ def main() -> int:
     co = prof.coefficients
     print("  " + ", ".join(f"{k} = {getattr(co, k):.4g}" for k in prof.error["fitted"])
           + f"  ({runs[0].case.device.source})")
-    print(f"\n{'run':<10} {'measured s':>11} {'predicted s':>12} {'error':>8} {'step CV':>8}")
-    errs = []
-    for name in FIT + HELD_OUT:
+    print(f"\n{'run':<18} {'measured s':>11} {'predicted s':>12} {'error':>8} {'step CV':>8}")
+    errs: dict[str, list[float]] = {"validation": [], "frozen": []}
+    for name in FIT + HELD_OUT + tuple(FROZEN):
         if name not in have:
-            print(f"{name:<10} (missing)")
+            print(f"{name:<18} (missing)")
             continue
         m = collect_runs([args.dir / name])[0]
         p = predict(m.case, prof).metrics["step_time_mean_s"]
         e = p / m.step_time_s - 1
-        if name in HELD_OUT:
-            errs.append(e)
-        tag = "fit" if name in FIT else ("ok" if abs(e) <= 0.2 else "MISS")
-        print(f"{name:<10} {m.step_time_s:>11.3f} {p:>12.3f} {e:>+8.1%} {step_cv(args.dir / name):>8.1%}  {tag}")
-    within = sum(abs(e) <= 0.2 for e in errs)
-    print(f"\nheld-out layouts within 20%: {within}/{len(errs)} (target: at least 4)")
+        kind = "fit" if name in FIT else "frozen" if name in FROZEN else "validation"
+        if kind != "fit":
+            errs[kind].append(e)
+        tag = "fit" if kind == "fit" else f"{kind}: " + ("ok" if abs(e) <= 0.2 else "MISS")
+        print(f"{name:<18} {m.step_time_s:>11.3f} {p:>12.3f} {e:>+8.1%} {step_cv(args.dir / name):>8.1%}  {tag}")
+    for kind, es in errs.items():
+        within = sum(abs(e) <= 0.2 for e in es)
+        mape = float(np.mean(np.abs(es))) if es else float("nan")
+        print(f"{kind} layouts within 20%: {within}/{len(es)}, MAPE {mape:.1%}"
+              + (f" (frozen {FROZEN_FILE.name}, never tuned on)" if kind == "frozen" else
+                 " (looked at while developing: a validation score, not a held-out one)"))
     return 0
 
 

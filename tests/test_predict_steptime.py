@@ -58,7 +58,9 @@ def test_interleaving_divides_the_bubble() -> None:
 def test_tp_across_nodes_is_slower_than_inside_one() -> None:
     inside = _llama(tp=8, pp=4, dp=2)
     across = _llama(tp=16, pp=2, dp=2)  # TP group spans two 8-GPU nodes
-    assert step_time(across, C).breakdown["tp_comm_exposed_s"] > 3 * step_time(inside, C).breakdown["tp_comm_exposed_s"]
+    # all 8 GPUs of each node sit in the group, so the ring has all 8 NICs of the node (issue 15): slower,
+    # but not by the 8x a one-NIC share would say
+    assert step_time(across, C).breakdown["tp_comm_exposed_s"] > 1.5 * step_time(inside, C).breakdown["tp_comm_exposed_s"]
     # an NVL72 domain keeps the same TP group on NVLink
     nvl = replace(across, device=get_device("gb200"), devices_per_node=4, nodes=16)
     assert step_time(nvl, C).breakdown["tp_comm_exposed_s"] < step_time(across, C).breakdown["tp_comm_exposed_s"]

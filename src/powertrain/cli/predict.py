@@ -217,13 +217,19 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
     table.add_column("run", overflow="fold")
     for _, label, _ in _COLS:
         table.add_column(label, justify="right")
+    table.add_column("tok/s 80% interval", justify="right")
     table.add_column("fits")
+    from powertrain.predict.output import prediction_interval
+
     for cfg, pred in results:
         m = pred.metrics
+        iv = prediction_interval(pred)
         table.add_row(cfg.name, *(_fmt(k, f, m.get(k)) for k, _, f in _COLS),
+                      "—" if iv is None else f"{iv[0]:,.0f}–{iv[1]:,.0f}",
                       "yes" if pred.fits else "[red]no[/]")
     out.print(table)
-    errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items() if isinstance(v, float)) or "not validated"
+    errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items()
+                       if isinstance(v, float) and "mape" in k) or "not validated"
     out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
 
 

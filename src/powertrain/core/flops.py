@@ -34,6 +34,15 @@ class Shape(NamedTuple):
     moe_ffn: int
     shared_experts: int
     gated: bool
+    # modern attention/MoE (0: the plain transformer's value): see predict.Case
+    head_dim: int = 0
+    shared_ffn: int = 0
+    dense_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0
 
 
 def shape_of(model: Any, seq_len: int | None = None) -> Shape:
@@ -45,9 +54,14 @@ def shape_of(model: Any, seq_len: int | None = None) -> Shape:
         gated = getattr(model, "family", "llama") in ("llama", "mixtral")
     experts = int(getattr(model, "experts", 1) or 1)
     moe_ffn = int(getattr(model, "moe_ffn", 0) or 0) or (model.ffn if experts > 1 else 0)
+    extra = (int(getattr(model, k, 0) or 0) for k in _EXTRA)
     return Shape(model.layers, model.hidden, model.ffn, model.heads, model.kv_heads, model.vocab,
                  int(seq_len or model.seq_len), experts, int(getattr(model, "top_k", 1) or 1), moe_ffn,
-                 int(getattr(model, "shared_experts", 0) or 0), bool(gated))
+                 int(getattr(model, "shared_experts", 0) or 0), bool(gated), *extra)
+
+
+_EXTRA = ("head_dim", "shared_ffn", "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim",
+          "mtp_layers")
 
 
 class LayerFlops(NamedTuple):
@@ -58,19 +72,56 @@ class LayerFlops(NamedTuple):
     attention: float  # QKᵀ and AV, full sequence
 
 
+def _attention_params(s: Shape) -> tuple[float, float]:
+    """(projection parameters per layer, per-token attention-core width) of a layer's attention:
+    grouped-query with head width ``head_dim`` (default hidden/heads), or MLA (``kv_lora_rank`` > 0):
+    query down/up (or direct) projection, K/V down-projection with the shared rotary key, K/V
+    up-projection and output. The core width is ``heads·(qk + v)`` (``2h`` for plain attention)."""
+    h = s.hidden
+    hd = s.head_dim or h // s.heads
+    if s.kv_lora_rank:
+        rope, vd = s.qk_rope_dim, s.v_head_dim or hd
+        qk = s.heads * (hd + rope)
+        q = (h * s.q_lora_rank + s.q_lora_rank * qk) if s.q_lora_rank else h * qk
+        kv = h * (s.kv_lora_rank + rope) + s.kv_lora_rank * s.heads * (hd + vd)
+        return float(q + kv + s.heads * vd * h), float(qk + s.heads * vd)
+    q = s.heads * hd
+    kvw = s.kv_heads * hd
+    return float(h * (2 * q + 2 * kvw)), float(2 * q)
+
+
+def shared_width(s: Shape) -> int:
+    """Total FFN width of an MoE layer's shared experts."""
+    return s.shared_ffn or s.ffn * s.shared_experts
+
+
 @lru_cache(maxsize=4096)
 def layer_flops_per_token(s: Shape) -> LayerFlops:
+    """Forward FLOPs per token of one (routed, for MoE) layer."""
     h = s.hidden
-    kv = s.kv_heads * (h // s.heads)
-    attn_proj = 2 * h * (2 * h + 2 * kv)  # Q and O are h×h; K and V are h×kv
+    attn_p, core_w = _attention_params(s)
+    attn_proj = 2 * attn_p
     mats = 3 if s.gated else 2
     if s.experts > 1:
-        dense = attn_proj + 2 * mats * h * s.ffn * s.shared_experts + 2 * h * s.experts
+        dense = attn_proj + 2 * mats * h * shared_width(s) + 2 * h * s.experts
         expert: float = 2 * mats * h * s.moe_ffn * s.top_k
     else:
         dense = attn_proj + 2 * mats * h * s.ffn
         expert = 0.0
-    return LayerFlops(float(dense), float(expert), float(4 * s.seq_len * h))
+    return LayerFlops(float(dense), float(expert), float(2 * s.seq_len * core_w))
+
+
+def _stack_flops(s: Shape, lf: LayerFlops) -> float:
+    """Forward FLOPs per token of all layers: MoE models' leading dense layers have a dense MLP of
+    width ``ffn``; each MTP module adds one more layer (its own logit layer is added by the caller)."""
+    per = lf.dense_gemm + lf.expert_gemm + lf.attention
+    if s.experts > 1 and s.dense_layers:
+        mats = 3 if s.gated else 2
+        dense_mlp = 2 * mats * s.hidden * s.ffn
+        moe_mlp = 2 * mats * s.hidden * shared_width(s) + 2 * s.hidden * s.experts + lf.expert_gemm
+        nd = min(s.dense_layers, s.layers)
+        return s.layers * per + nd * (dense_mlp - moe_mlp) + s.mtp_layers * per
+    return (s.layers + s.mtp_layers) * per
 
 
 def logit_flops_per_token(s: Shape) -> float:
@@ -81,7 +132,7 @@ def model_flops_per_token(model: Any, seq_len: int | None = None) -> float:
     """Training model FLOPs per token (forward + backward, no recomputation)."""
     s = shape_of(model, seq_len)
     lf = layer_flops_per_token(s)
-    return 3.0 * (s.layers * (lf.dense_gemm + lf.expert_gemm + lf.attention) + logit_flops_per_token(s))
+    return 3.0 * (_stack_flops(s, lf) + (1 + s.mtp_layers) * logit_flops_per_token(s))
 
 
 def model_flops_per_step(model: Any, global_batch: int, seq_len: int | None = None) -> float:
@@ -95,7 +146,7 @@ def recompute_flops_per_token(model: Any, recompute: str, seq_len: int | None = 
     s = shape_of(model, seq_len)
     lf = layer_flops_per_token(s)
     if recompute == "full":
-        return s.layers * (lf.dense_gemm + lf.expert_gemm + lf.attention)
+        return _stack_flops(s, lf)
     if recompute == "selective":
         return s.layers * lf.attention
     if recompute in ("none", None):
@@ -124,18 +175,20 @@ def parameter_counts(model: Any) -> dict[str, float]:
 @lru_cache(maxsize=4096)
 def _parameter_counts(s: Shape, tied: bool) -> tuple[tuple[str, float], ...]:
     h = s.hidden
-    kv = s.kv_heads * (h // s.heads)
     mats = 3 if s.gated else 2
-    attn = h * (2 * h + 2 * kv)
+    attn, _ = _attention_params(s)
+    n_all = s.layers + s.mtp_layers
     if s.experts > 1:
-        mlp = mats * h * s.ffn * s.shared_experts
-        experts = mats * h * s.moe_ffn * s.experts
-        router = h * s.experts
+        nd = min(s.dense_layers, s.layers)
+        n_moe = n_all - nd
+        mlp = n_moe * mats * h * shared_width(s) + nd * mats * h * s.ffn
+        experts = n_moe * mats * h * s.moe_ffn * s.experts
+        router = n_moe * h * s.experts
     else:
-        mlp, experts, router = mats * h * s.ffn, 0, 0
+        mlp, experts, router = n_all * mats * h * s.ffn, 0, 0
     return (
-        ("attention", float(s.layers * attn)), ("mlp", float(s.layers * mlp)),
-        ("experts", float(s.layers * experts)), ("router", float(s.layers * router)),
+        ("attention", float(n_all * attn)), ("mlp", float(mlp)),
+        ("experts", float(experts)), ("router", float(router)),
         ("norms", float(s.layers * 2 * h + h)), ("embedding", float(s.vocab * h)),
         ("head", 0.0 if tied else float(s.vocab * h)),
     )

@@ -49,6 +49,12 @@ class NodeSpec:
     inter_node_latency: float  # s
     nvlink_domain: int
     source: str = ""
+    # scale-up switch reduces in-network (NVLink SHARP / NVLS: NVSwitch gen 3+, H100 and later)
+    nvls: bool = False
+    # scale-out fabric: rail-optimized (GPU i of every node on leaf i), and oversubscribed above a pod
+    rail_optimized: bool = True
+    pod_devices: int = 0  # devices below which the fabric is non-blocking (0: all of it)
+    oversubscription: float = 1.0
 
     @property
     def inter_node_bw_per_device(self) -> float:
@@ -122,6 +128,10 @@ def _node(raw: dict[str, Any], where: str) -> NodeSpec:
             inter_node_latency=float(raw.get("inter_node_latency_us", 5.0)) * 1e-6,
             nvlink_domain=int(raw.get("nvlink_domain", dpn)),
             source=str(raw.get("source", "")),
+            nvls=bool(raw.get("nvls", False)),
+            rail_optimized=bool(raw.get("rail_optimized", True)),
+            pod_devices=int(raw.get("pod_devices", 0)),
+            oversubscription=float(raw.get("oversubscription", 1.0)),
         )
     except KeyError as exc:
         raise ValueError(f"{where}: node entry lacks {exc.args[0]!r} (see hardware/catalog.yaml for the keys)") from None

@@ -176,8 +176,30 @@ def mape(errs: Sequence[float]) -> float:
     return float(np.mean(np.abs(errs))) if errs else float("nan")
 
 
+def pinned_at_bounds(values: dict[str, float], bounds: dict[str, tuple[float, float]], tol: float = 0.01) -> list[str]:
+    """The coefficients whose fitted value ended within ``tol`` (in log) of a bound of their range.
+
+    A fit that runs into a bound is telling that the model's structure is wrong for these runs (the
+    coefficient stands in for something else), so its value has no physical meaning."""
+    out = []
+    for k, v in values.items():
+        lo, hi = bounds.get(k, (0.0, math.inf))
+        for b in (lo, hi):
+            if b > 0 and math.isfinite(b) and v > 0 and abs(math.log(v / b)) < tol:
+                out.append(f"{k} = {v:.4g} at its bound {b:g}")
+    return out
+
+
+def interval_half_width(log_residuals: Sequence[float], level: float = 0.8) -> float:
+    """Half-width (in log space) of the ``level`` prediction interval: the empirical ``level``
+    quantile of |log(predicted/measured)| over held-out residuals."""
+    if not log_residuals:
+        raise ValueError("interval_half_width needs at least one residual")
+    return float(np.quantile(np.abs(np.asarray(log_residuals, dtype=float)), level))
+
+
 def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | str | None = None,
-                params: Sequence[str] | None = None) -> Calibration:
+                    params: Sequence[str] | None = None, *, allow_pinned: bool = False) -> Calibration:
     """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and, when
     any run is distributed, the intra-node link efficiency — or, for ranks sharing a host CPU, the
     collective latency scale) to ``runs``; returns the new calibration with
@@ -215,9 +237,15 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     after = errors(runs, fitted)
     if any(r.power_mean_w for r in runs):
         fitted = _fit_power(runs, fitted)
+    pins = pinned_at_bounds({k: getattr(fitted.coefficients, k) for k in chosen}, BOUNDS)
+    if pins and not allow_pinned:
+        raise ValueError(f"calibration {name!r}: {'; '.join(pins)} — the fit ran into the edge of the physical range, "
+                         "so the model does not describe these runs there; fit fewer coefficients (--params) or "
+                         "add runs that vary what it stands for")
     error: dict[str, Any] = {
         "step_time_mape": mape(after), "step_time_mape_before": mape(before), "n_runs": len(runs),
         "fitted": chosen, "per_run": {r.label: round(e, 4) for r, e in zip(runs, after, strict=True)},
+        "pinned_at_bound": pins,
     }
     return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
                    device=runs[0].case.device.name, host_probes=fitted_probes(runs))

@@ -44,8 +44,15 @@ class Coefficients:
     gemm_eff_16: float = 0.72
     gemm_eff_fp8: float = 0.55
     gemm_eff_fp4: float = 0.45
+    # On a GPU generation predict/precision.py knows, fp8/fp4 GEMMs reach gemm_eff_16 × the literature
+    # ratio for the generation and recipe × this scale (1 = the literature ratio); gemm_eff_fp8/fp4 then
+    # apply only to devices of unknown generation.
+    gemm_lowp_scale: float = 1.0
     # GEMM dimension (min of m, n) at which efficiency falls to half of the large-GEMM value.
     gemm_knee: float = 48.0
+    # A grouped GEMM (several local experts in one launch) ÷ one dense GEMM of the same shape: CUTLASS /
+    # Transformer Engine grouped GEMMs reach 70-90 % of dense (tails per expert, scheduling, per-expert scales).
+    grouped_gemm_eff: float = 0.8
     # Fused attention (flash) throughput relative to a large 16-bit GEMM.
     attn_eff_ratio: float = 0.55
     # Multiplier on the counted elementwise traffic (norms, activations, residuals, routing).
@@ -56,8 +63,9 @@ class Coefficients:
     mem_eff: float = 0.75
     # Host/launch overhead per layer per micro-batch forward (backward costs twice).
     layer_overhead_s: float = 15e-6
-    # Host-side time per MoE layer per micro-batch forward (routing metadata sync, per-expert launches);
-    # the GPU idles meanwhile, so it adds to the step (backward costs twice).
+    # Host time of one MoE layer pass (forward, or backward) after the dropless dispatcher syncs token counts
+    # (routing metadata to the CPU): the GPU waits for the CPU to launch the rest of the layer, so a layer pass takes
+    # at least this long (launch-bound at small micro-batches).  Range 0.1-3 ms (docs/model.md §8).
     moe_layer_overhead_s: float = 300e-6
     # Fixed per-step overhead (optimizer launch, data loading, logging).
     step_overhead_s: float = 0.01

@@ -47,12 +47,24 @@ class Case:
     shared_experts: int = 0
     gated: bool = True  # SwiGLU-style MLP (3 matrices) vs GELU (2)
     tied_embeddings: bool = False
+    # modern MoE and attention (0 / None: the plain transformer's value; see predict/moe.py)
+    head_dim: int = 0  # attention head width (0: hidden // heads); Qwen3, gpt-oss set it apart from hidden
+    shared_ffn: int = 0  # total width of the shared experts (0: ffn × shared_experts); DeepSeek-V3: 2048
+    dense_layers: int = 0  # leading layers with a dense MLP of width ``ffn`` in an MoE model (DeepSeek-V3: 3)
+    q_lora_rank: int = 0  # MLA (DeepSeek-V2/V3, Kimi K2): query down-projection rank (0: none)
+    kv_lora_rank: int = 0  # MLA: compressed K/V rank; > 0 turns multi-head latent attention on
+    qk_rope_dim: int = 0  # MLA: rotary part of the query/key head (the rest is head_dim)
+    v_head_dim: int = 0  # MLA: value head width (0: head_dim)
+    mtp_layers: int = 0  # multi-token-prediction modules (each one extra layer and logit head)
+    capacity_factor: float | None = None  # MoE token capacity per expert ÷ the mean; None: dropless
     # layout
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None  # expert tensor parallelism; None: experts split like the dense layers (tp) and EP
+    #   groups sit inside DP (older Megatron); set (parallel folding): EP spans tp·cp·dp, ranks etp apart
     vp: int = 1
     sequence_parallel: bool = False
     fsdp: bool = False
@@ -64,10 +76,15 @@ class Case:
     global_batch: int = 8
     recompute: str = "none"  # none | selective | full
     precision: str = "bf16"  # fp32 | tf32 | bf16 | fp16 | fp8 | fp4
+    recipe: str = ""  # low-precision recipe: delayed | current | blockwise | mxfp8 | nvfp4 ("" = the precision's usual one)
     overlap_tp: bool = False
     overlap_dp: bool = True
     overlap_fsdp: bool = True
     overlap_param_gather: bool = False
+    overlap_ep: bool = False
+    # FSDP that gathers parameter by parameter (DeepSpeed ZeRO-3, 2021): each small collective gets one NCCL
+    # channel, so one NIC (no striping), and nothing is prefetched
+    fsdp_per_param: bool = False  # EP dispatcher overlap (all-to-all hidden behind another micro-batch's compute)
     power_limit_w: float | None = None
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
@@ -92,6 +109,20 @@ class Case:
         return self.moe_ffn or self.ffn
 
     @property
+    def shared_width(self) -> int:
+        """Total FFN width of the shared experts (0: none)."""
+        return self.shared_ffn or self.ffn * self.shared_experts
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is routed (all but the leading dense ones)."""
+        return max(0, self.layers - self.dense_layers) if self.is_moe else 0
+
+    @property
     def micro_batches(self) -> int:
         """Micro-batches per step per pipeline (gradient-accumulation steps)."""
         return max(1, self.global_batch // (self.micro_batch * self.dp))
@@ -104,12 +135,26 @@ class Case:
 
 def cpu_probe_for(ranks_per_node: int, calibration: object | None = None) -> HostProbe:
     """The host probe a CPU prediction uses: the calibration's, for the thread count the ranks would run
-    with (:func:`~powertrain.hardware.rank_threads`), else a fresh probe of this host (its
-    ``source`` says so)."""
+    with (:func:`~powertrain.hardware.rank_threads`), else the calibration's nearest one scaled per
+    thread, else (a profile with no probe at all) a fresh probe of this host (its ``source`` says so)."""
     threads = rank_threads(ranks_per_node)
     stored = getattr(calibration, "host_probe", None)
     got = stored(threads) if callable(stored) else None
-    return got if got is not None else probe_host(threads)
+    if got is not None:
+        return got
+    # a profile fitted on CPU runs of other thread counts: its nearest probe, matmul rate scaled per
+    # thread (this machine's reading would differ from the one the coefficients were fitted against)
+    recs = list(getattr(calibration, "host_probes", []) or [])
+    if recs:
+        from dataclasses import replace
+
+        rec = min(recs, key=lambda r: abs(int(r.get("threads", 1)) - threads))
+        near = stored(int(rec["threads"])) if callable(stored) else None
+        if near is not None:
+            scale = threads / max(1, near.threads)
+            return replace(near, matmul_flops=near.matmul_flops * scale, threads=threads,
+                           source=f"{near.source}; scaled from {near.threads} to {threads} thread(s)")
+    return probe_host(threads)
 
 
 def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,

@@ -16,6 +16,27 @@ from powertrain.store.rundir import write_json_atomic
 from powertrain.store.targets import check_run_target
 
 
+def prediction_interval(pred: Prediction, metric: str = "tokens_per_s", level: str = "80") -> tuple[float, float] | None:
+    """The ``level`` % prediction interval of a throughput-like metric, from the profile's
+    leave-one-source-out residuals (``error.interval_80_log``: the 80th percentile of
+    |log(predicted/measured)| per architecture), or None when the profile holds none.
+
+    Step-time-like metrics (``step_time_mean_s``) get the same factor the other way round."""
+    q = (pred.model_error or {}).get(f"interval_{level}_log")
+    v = pred.metrics.get(metric)
+    if not isinstance(q, dict) or v is None:
+        return None
+    raw = pred._raw[0] if pred._raw else None
+    arch = "moe" if raw is not None and getattr(raw, "is_moe", False) else "dense"
+    w = q.get(arch)
+    if not isinstance(w, int | float):
+        return None
+    import math
+
+    f = math.exp(float(w))
+    return (float(v) / f, float(v) * f)
+
+
 def write_prediction(run_dir: str | Path, config: Any, prediction: Prediction | None = None,
                      calibration: Calibration | str | None = None, *, force: bool = False) -> RunDir:
     """Create ``run_dir`` with ``run.json`` (kind ``prediction``, status ``ok``) and ``summary.json``.

@@ -35,10 +35,11 @@ Each part is its own function, usable alone: :func:`compute_rates` (what the dev
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from powertrain.core.flops import LayerFlops, Shape, layer_flops_per_token, parameter_counts, shape_of
+from powertrain.predict import moe, precision
+from powertrain.predict import network as net
 from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
 from powertrain.predict.memory import rank_layers
@@ -77,11 +78,15 @@ def _half_ring(size_bytes: float, group: int, bw: float, lat: float) -> float:
 
 
 def _link(case: Case, c: Coefficients, stride: int, size: int) -> tuple[float, float]:
-    """(bandwidth, latency) of a group of ``size`` ranks spaced ``stride`` apart."""
-    node = case.device.node
-    if size > 1 and stride * size > case._domain:  # the group leaves one NVLink domain
-        return node.inter_node_bw_per_device * c.comm_eff_inter, node.inter_node_latency * c.comm_latency_scale
-    return node.intra_node_bw * c.comm_eff_intra, node.intra_node_latency * c.comm_latency_scale
+    """(bandwidth, latency) of a group of ``size`` ranks spaced ``stride`` apart, as its bus sees it.
+
+    Kept for callers of the old API; the step time itself costs collectives with
+    :mod:`powertrain.predict.network` (all NICs of a node striped, NVLS, trees)."""
+    f = net.fabric(case, c)
+    g = net.group(case, stride, size)
+    if g.domains > 1:
+        return net._scale_out_bw(f, g), f.out_lat
+    return f.up_bw, f.up_lat
 
 
 def tokens_per_micro_batch(case: Case) -> float:
@@ -106,6 +111,7 @@ class Rates:
     bw_mem: float  # bytes/s memory-bound kernels reach
     ab: float  # bytes per activation value
     eb_bw: float  # seconds of memory traffic per GEMM operand element
+    q: float = 0.0  # seconds of quantisation traffic per GEMM input (activation) value (fp8/fp4 recipes)
 
     def gemm(self, m_: float, k_: float, n_: float) -> float:
         """Roofline time of an m×k by k×n GEMM: compute at the shape-scaled rate, or its traffic.
@@ -116,62 +122,101 @@ class Rates:
         d = d if d < n_ else n_
         flops = 2 * m_ * k_ * n_ * (d + self.knee) / (self.peak * d)
         traffic = (m_ * k_ + k_ * n_ + m_ * n_) * self.eb_bw
-        return flops if flops > traffic else traffic
+        return (flops if flops > traffic else traffic) + m_ * k_ * self.q
 
 
 def compute_rates(case: Case, c: Coefficients, clock: float = 1.0) -> Rates:
     """The device's rates for ``case``; ``clock`` (≤ 1) scales compute throughput."""
     dev = case.device
     prec = case.precision
-    peak = dev.peak(prec) * c.gemm_eff(prec) * clock
     prec16 = "fp32" if prec in ("fp32", "tf32") else "bf16"
-    peak16 = dev.peak(prec16) * c.gemm_eff(prec16) * clock
+    gen = precision.generation(dev.name)
+    r16 = precision.sixteen_bit_ratio(dev.name) if prec16 == "bf16" else 1.0
+    peak16 = dev.peak(prec16) * c.gemm_eff(prec16) * r16 * clock
     bw_mem = dev.memory_bw * c.mem_eff
+    q = 0.0
+    if gen != "unknown" and prec in ("fp8", "fp4") and dev.peak(prec) > dev.peak("bf16"):
+        # a generation we know: the low-precision efficiency is the 16-bit one × the literature ratio
+        # for the generation and recipe (× the calibration's scale), plus quantisation traffic
+        rec = precision.recipe_of(prec, case.recipe, gen)
+        eff = c.gemm_eff_16 * r16 * precision.relative_efficiency(dev.name, prec, rec) * c.gemm_lowp_scale
+        peak = dev.peak(prec) * eff * clock
+        q = precision.quantize_bytes_per_value(prec, rec) / bw_mem
+    else:
+        # fp8/fp4 on a device without those units run at the 16-bit rate and efficiency
+        lowp_missing = prec in ("fp8", "fp4") and "bf16" in dev.peak_flops and dev.peak(prec) <= dev.peak("bf16")
+        eff_p = "bf16" if lowp_missing else prec
+        peak = dev.peak(prec) * c.gemm_eff(eff_p) * (r16 if eff_p in ("bf16", "fp16") else 1.0) * clock
     ab = 4.0 if prec in ("fp32", "tf32") else 2.0
     return Rates(peak=peak, peak16=peak16, knee=c.gemm_knee, bw_mem=bw_mem, ab=ab,
-                 eb_bw=_ELEM_BYTES.get(prec, 2.0) / bw_mem)
+                 eb_bw=_ELEM_BYTES.get(prec, 2.0) / bw_mem, q=q)
 
 
 # --- one layer, one micro-batch ---------------------------------------------------------------------
 
-def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> tuple[float, float]:
-    """(GEMM + attention time, attention-core time) of one layer's forward on one device."""
+def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> float:
+    """Q/K/V/O projections of one layer's forward: grouped-query, own head width, or MLA.
+
+    MLA (DeepSeek-V2/V3, Kimi K2): down-projections of the query (``q_lora_rank``) and of K/V
+    (``kv_lora_rank`` + the shared rotary key) are replicated over TP; the up-projections to
+    ``heads × (head_dim + rope)`` queries/keys and ``heads × v_head_dim`` values are split."""
+    tp, h = case.tp, case.hidden
+    gemm = r.gemm
+    hd = case.head_dim or h // case.heads
+    if case.kv_lora_rank:
+        rope, vd = case.qk_rope_dim, case.v_head_dim or hd
+        qk = case.heads * (hd + rope)
+        t = gemm(n_tok, h, case.kv_lora_rank + rope) + gemm(n_tok, case.kv_lora_rank, case.heads * (hd + vd) / tp)
+        if case.q_lora_rank:
+            t += gemm(n_tok, h, case.q_lora_rank) + gemm(n_tok, case.q_lora_rank, qk / tp)
+        else:
+            t += gemm(n_tok, h, qk / tp)
+        return t + gemm(n_tok, case.heads * vd / tp, h)
+    q = case.heads * hd
+    kv = case.kv_heads * hd
+    return gemm(n_tok, h, (q + 2 * kv) / tp) + gemm(n_tok, q / tp, h)
+
+
+def attention_core_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, n_tok: float) -> float:
+    """Fused causal attention (half the counted full-sequence work) at ``attn_eff_ratio`` × the 16-bit rate."""
+    s_loc = case.seq_len / case.cp
+    rate = r.peak16 * c.attn_eff_ratio * precision.attention_ratio(case.device.name)
+    return 0.5 * lf.attention * n_tok / case.tp * (s_loc + r.knee) / (rate * s_loc)
+
+
+def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: bool = False) -> tuple[float, float]:
+    """(GEMM + attention time, attention-core time) of one layer's forward on one device.
+
+    ``dense``: a dense layer of an MoE model (its leading ``dense_layers``), MLP of width ``ffn``."""
     tp, h = case.tp, case.hidden
     n_tok = tokens_per_micro_batch(case)
     gemm = r.gemm
-    kvw = case.kv_heads * (h // case.heads)
     mats = 3 if case.gated else 2
-    t_dense = gemm(n_tok, h, (h + 2 * kvw) / tp) + gemm(n_tok, h / tp, h)
-    if case.is_moe:
-        t_dense += gemm(n_tok, h, case.experts)  # router
-        if case.shared_experts:
-            f_sh = case.ffn * case.shared_experts
-            t_dense += gemm(n_tok, h, (mats - 1) * f_sh / tp) + gemm(n_tok, f_sh / tp, h)
+    t = attention_gemm_time(case, r, n_tok)
+    if case.is_moe and not dense:
+        t += moe.shared_gemm_time(case, gemm, n_tok) + moe.expert_gemm_time(case, c, gemm, n_tok)
     else:
-        t_dense += gemm(n_tok, h, (mats - 1) * case.ffn / tp) + gemm(n_tok, case.ffn / tp, h)
-    t_expert = 0.0
-    if case.is_moe:
-        local = max(1.0, case.experts / case.ep)
-        m_exp = n_tok * case.top_k * moe_imbalance(case, c) / local  # tokens each local expert sees (busiest rank)
-        fe = case.expert_ffn / tp
-        t_expert = local * (gemm(m_exp, h, (mats - 1) * fe) + gemm(m_exp, fe, h))
-    s_loc = case.seq_len / case.cp
-    t_attn = 0.5 * lf.attention * n_tok / tp * (s_loc + r.knee) / (r.peak16 * c.attn_eff_ratio * s_loc)
-    return t_dense + t_expert + t_attn, t_attn
+        t += gemm(n_tok, h, (mats - 1) * case.ffn / tp) + gemm(n_tok, case.ffn / tp, h)
+    t_attn = attention_core_time(case, c, r, lf, n_tok)
+    return t + t_attn, t_attn
 
 
-def layer_memory(case: Case, c: Coefficients, r: Rates) -> float:
+def layer_memory(case: Case, c: Coefficients, r: Rates, dense: bool = False) -> float:
     """Memory-bound (elementwise) time of one layer's forward: 16-bit values over HBM."""
     tp, h = case.tp, case.hidden
     sp = case.sequence_parallel
-    imb = moe_imbalance(case, c)
-    ffn_act = (3 if case.gated else 2) * (
-        case.top_k * case.expert_ffn * imb + case.ffn * case.shared_experts if case.is_moe else case.ffn)
+    mats = 3 if case.gated else 2
+    n_tok = tokens_per_micro_batch(case)
+    if case.is_moe and not dense:
+        ffn_act = mats * (case.top_k * case.expert_ffn * moe.routed_load(case, c) * case.tp / case.expert_tp
+                          + case.shared_width)
+    else:
+        ffn_act = mats * case.ffn
     elem = (16 * h / (tp if sp else 1) + ffn_act / tp) * c.elementwise_scale
-    if case.is_moe:
-        # dispatch/combine: permute, un-permute, gate scaling, casts, per routed copy of a token
-        elem += c.moe_dispatch_passes * case.top_k * h * imb / (tp if sp else 1)
-    return r.ab * tokens_per_micro_batch(case) * elem / r.bw_mem
+    t = r.ab * n_tok * elem / r.bw_mem
+    if case.is_moe and not dense:
+        t += moe.routing_bytes(case, c, r.ab, n_tok) / r.bw_mem
+    return t
 
 
 def tp_comm_time(case: Case, c: Coefficients, r: Rates) -> float:
@@ -179,8 +224,14 @@ def tp_comm_time(case: Case, c: Coefficients, r: Rates) -> float:
     tp = case.tp
     if tp <= 1:
         return 0.0
-    bw, lat = _link(case, c, 1, tp)
-    t = 2 * _ring(r.ab * tokens_per_micro_batch(case) * case.hidden, tp, bw, lat)
+    f = net.fabric(case, c)
+    g = net.group(case, 1, tp)
+    act = r.ab * tokens_per_micro_batch(case) * case.hidden
+    if case.sequence_parallel:  # all-gather + reduce-scatter for each of the 2 all-reduces (no NVLS gain)
+        t = 2 * (net.all_gather(f, g, act) + net.reduce_scatter(f, g, act))
+    else:  # 2 all-reduces of n·h activations
+        t = 2 * net.all_reduce(f, g, act)
+    lat = f.up_lat
     if case.device.transport == "gloo":
         # gloo on a host CPU: each collective call also pays a rendezvous round trip, and sequence
         # parallelism makes twice the calls (all-gather + reduce-scatter for each all-reduce)
@@ -191,22 +242,8 @@ def tp_comm_time(case: Case, c: Coefficients, r: Rates) -> float:
 
 
 def ep_all_to_all_time(case: Case, c: Coefficients, r: Rates) -> float:
-    """Expert-parallel dispatch + combine all-to-alls of one MoE layer's forward."""
-    ep, tp = case.ep, case.tp
-    if not (case.is_moe and ep > 1):
-        return 0.0
-    stride = tp * case.cp
-    node = case.device.node
-    near = case.peers_in_domain(stride, ep)
-    # bytes of one all-to-all
-    vol = r.ab * tokens_per_micro_batch(case) / (tp if tp > 1 else 1) * case.top_k * case.hidden * moe_imbalance(case, c)
-    f_near = (near - 1) / (ep - 1)
-    t_one = vol * (ep - 1) / ep * (
-        f_near / (node.intra_node_bw * c.comm_eff_intra)
-        + (1 - f_near) / (node.inter_node_bw_per_device * c.comm_eff_inter))
-    t_one += ((node.intra_node_latency if near == ep else node.inter_node_latency) * c.comm_latency_scale
-              * math.log2(ep))
-    return 2 * t_one
+    """Expert-parallel dispatch + combine all-to-alls of one MoE layer's forward (see predict/moe.py)."""
+    return moe.all_to_all_time(case, c, r.ab, tokens_per_micro_batch(case), net.fabric(case, c))
 
 
 def cp_comm_time(case: Case, c: Coefficients, r: Rates, t_attn: float) -> float:
@@ -214,10 +251,12 @@ def cp_comm_time(case: Case, c: Coefficients, r: Rates, t_attn: float) -> float:
     cp = case.cp
     if cp <= 1:
         return 0.0
-    bw, lat = _link(case, c, case.tp, cp)
-    h = case.hidden
-    kv_bytes = r.ab * tokens_per_micro_batch(case) * 2 * case.kv_heads * (h // case.heads) / case.tp
-    return max(0.0, (cp - 1) * (kv_bytes / bw + lat) - c.overlap_eff * t_attn)
+    f = net.fabric(case, c)
+    crosses = net.group(case, case.tp, cp).domains > 1
+    hd = case.head_dim or case.hidden // case.heads
+    kv_w = (case.kv_lora_rank + case.qk_rope_dim) if case.kv_lora_rank else 2 * case.kv_heads * hd
+    kv_bytes = r.ab * tokens_per_micro_batch(case) * kv_w / case.tp
+    return max(0.0, (cp - 1) * net.send_recv(f, crosses, kv_bytes) - c.overlap_eff * t_attn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,18 +275,35 @@ class LayerTime:
     compute: float  # compute of forward + backward + recomputation
 
 
-def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> LayerTime:
-    """Forward and backward time of one layer (backward = 2 × forward's compute; LoRA: 1 ×)."""
-    t_comp_f, t_attn = layer_compute(case, c, r, lf)
-    t_mem_f = layer_memory(case, c, r)
+def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: bool = False) -> LayerTime:
+    """Forward and backward time of one layer (backward = 2 × forward's compute; LoRA: 1 ×).
+
+    ``dense``: one of an MoE model's leading dense layers (no routing, no all-to-all)."""
+    moe_layer = case.is_moe and not dense
+    t_comp_f, t_attn = layer_compute(case, c, r, lf, dense)
+    t_mem_f = layer_memory(case, c, r, dense)
     t_tp_f = tp_comm_time(case, c, r)
-    t_a2a_f = ep_all_to_all_time(case, c, r)
+    t_a2a_f = ep_all_to_all_time(case, c, r) if moe_layer else 0.0
+    if t_a2a_f and case.overlap_ep:
+        # dispatcher overlap: the all-to-all runs while another micro-batch computes
+        t_a2a_f = max(0.0, t_a2a_f - c.overlap_eff * t_comp_f)
+    elif t_a2a_f and case.shared_width:
+        # the shared expert's GEMMs run while the dispatch is in flight
+        t_a2a_f = max(0.5 * t_a2a_f, t_a2a_f - c.overlap_eff * moe.shared_gemm_time(case, r.gemm, tokens_per_micro_batch(case)))
     t_cp_f = cp_comm_time(case, c, r, t_attn)
-    t_ovh = c.layer_overhead_s + (c.moe_layer_overhead_s if case.is_moe else 0.0)
+    t_ovh = c.layer_overhead_s
     layer_f = t_comp_f + t_mem_f + t_tp_f + t_a2a_f + t_cp_f + t_ovh
     # backward = activation gradients + weight gradients (2 × forward); LoRA skips weight gradients
     bwd = 1.0 if case.lora else 2.0
     layer_b = bwd * (t_comp_f + t_mem_f + t_cp_f + t_ovh) + t_tp_f + t_a2a_f
+    if moe_layer:
+        # dropless routing syncs token counts to the host; the GPU then waits for the CPU to launch the
+        # rest of the layer: a layer pass takes the longer of its GPU work and that host time
+        # (launch-bound at small micro-batches, hidden at large ones)
+        host = c.moe_layer_overhead_s
+        t_ovh += max(0.0, host - layer_f)
+        layer_f = max(layer_f, host)
+        layer_b = max(layer_b, host)
     comp_layer = (1 + bwd) * t_comp_f
     if case.recompute == "full":
         layer_b += layer_f
@@ -257,6 +313,18 @@ def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> LayerTi
         comp_layer += t_attn
     return LayerTime(compute_f=t_comp_f, attention_f=t_attn, memory_f=t_mem_f, tp_f=t_tp_f, a2a_f=t_a2a_f,
                      cp_f=t_cp_f, overhead_f=t_ovh, forward=layer_f, backward=layer_b, compute=comp_layer)
+
+
+def mean_layer(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> LayerTime:
+    """The mean layer of the model: an MoE model's leading dense layers weighed in by their count."""
+    routed = layer_time(case, c, r, lf)
+    nd = min(case.dense_layers, case.layers) if case.is_moe else 0
+    if not nd:
+        return routed
+    dense = layer_time(case, c, r, lf, dense=True)
+    w = nd / case.layers
+    vals = {k: (1 - w) * getattr(routed, k) + w * getattr(dense, k) for k in LayerTime.__dataclass_fields__}
+    return LayerTime(**vals)
 
 
 # --- first/last stage extras --------------------------------------------------------------------------
@@ -305,11 +373,13 @@ def pipeline_time(case: Case, c: Coefficients, r: Rates, layer: LayerTime, head:
     layers = rank_layers(case)
     p2p = 0.0
     if pp > 1:
-        bw, lat = _link(case, c, tp * cp * case.dp, pp)
-        p2p = r.ab * tokens_per_micro_batch(case) * case.hidden / (tp if case.sequence_parallel else 1) / bw + lat
+        crosses = net.group(case, tp * cp * case.dp, 2).domains > 1
+        p2p = net.send_recv(net.fabric(case, c), crosses,
+                            r.ab * tokens_per_micro_batch(case) * case.hidden / (tp if case.sequence_parallel else 1))
     per_layer = layer.forward + layer.backward
     p2p_rank = 2 * vp * p2p if pp > 1 else 0.0
-    head_fb = head.forward + head.backward
+    # multi-token prediction: each MTP module (one more layer and logit head) runs on the last stage
+    head_fb = (head.forward + head.backward) * (1 + case.mtp_layers) + case.mtp_layers * (layer.forward + layer.backward)
     emb = head.embedding
     n_first, n_last = layers[0], layers[-1]
     if pp == 1:
@@ -344,55 +414,75 @@ class LocalParameters:
 
 
 def local_parameters(case: Case, sh: Shape) -> LocalParameters:
-    tp, ep, pp = case.tp, case.ep, case.pp
+    tp, pp = case.tp, case.pp
     p = parameter_counts(sh)
     n_stage = max(rank_layers(case))
     dense_dev = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers * n_stage / tp
     dense_dev += (p["embedding"] + p["head"]) / tp / pp  # spread: first/last stage hold them
-    expert_dev = p["experts"] / case.layers * n_stage / (tp * ep)
+    expert_dev = p["experts"] / case.layers * n_stage / (case.expert_tp * case.ep)
     d_dense = case.dp * case.cp
-    return LocalParameters(dense=dense_dev, expert=expert_dev, dense_group=d_dense, expert_group=max(1, d_dense // ep))
+    return LocalParameters(dense=dense_dev, expert=expert_dev, dense_group=d_dense,
+                           expert_group=moe.expert_dp(case)[1] if case.is_moe else max(1, d_dense // case.ep))
+
+
+# Megatron's gradient buckets hold 40 M parameters (PyTorch DDP: 25 MB): the last bucket's reduction
+# starts only after the backward ends, so it stays exposed whatever the overlap.
+DP_BUCKET_PARAMS = 40e6
 
 
 def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slowest_rank: float) -> tuple[float, float]:
     """(exposed DP gradient reduction, exposed FSDP gathers and reductions) of one step.
 
-    They hide behind ``overlap_eff`` × the compute window of the slowest pipeline rank's micro-batch
-    (``slowest_rank``: about one third forward, two thirds backward).
+    Collectives are costed by :mod:`powertrain.predict.network` on the groups' real placement
+    (dense replicas ``tp`` apart over dp·cp; expert replicas over the expert-DP group). Overlap by
+    mechanism: DDP and the distributed optimizer reduce gradients bucket by bucket during the last
+    micro-batch's backward (all but the last bucket can hide; with interleaving, chunks finish
+    during the cool-down, half a micro-batch more per extra chunk); the distributed optimizer's
+    parameter all-gather hides behind the next step's first forward; FSDP prefetches each layer's
+    gather behind the previous layer's compute, every micro-batch, the first layer's gather exposed.
+    ``slowest_rank``: one micro-batch (fwd + bwd) on the critical rank, ~1/3 forward.
     """
-    tp, cp, ep, pp, vp = case.tp, case.cp, case.ep, case.pp, case.vp
+    pp, vp = case.pp, case.vp
     dense_dev, expert_dev = params.dense, params.expert
-    d_dense, d_exp = params.dense_group, params.expert_group
-    bw_d, lat_d = _link(case, c, tp, d_dense)
-    bw_e, lat_e = _link(case, c, tp * cp * ep, d_exp)
+    f = net.fabric(case, c)
+    g_d = net.group(case, case.tp, params.dense_group)
+    e_stride = moe.expert_dp(case)[0] if case.is_moe else case.tp * case.cp * case.ep
+    g_e = net.group(case, e_stride, params.expert_group)
     grad_b = GRAD_BYTES
     t_f_stage = slowest_rank / 3  # ~ forward share of one micro-batch on the critical rank
     t_b_stage = slowest_rank - t_f_stage
-    dp_exposed = 0.0
-    fsdp_exposed = 0.0
+
+    def half(nbytes_dense: float, nbytes_expert: float) -> float:
+        return net.reduce_scatter(f, g_d, nbytes_dense) + net.reduce_scatter(f, g_e, nbytes_expert)
+
     if case.lora:
-        pass  # frozen weights: no gradient reduction (adapter gradients are negligible)
-    elif case.fsdp:
-        ag = _half_ring(dense_dev * 2, d_dense, bw_d, lat_d) + _half_ring(expert_dev * 2, d_exp, bw_e, lat_e)
-        rs = _half_ring(dense_dev * grad_b, d_dense, bw_d, lat_d) + _half_ring(expert_dev * grad_b, d_exp, bw_e, lat_e)
-        ovl = c.overlap_eff if case.overlap_fsdp else 0.0
+        return 0.0, 0.0  # frozen weights: no gradient reduction (adapter gradients are negligible)
+    if case.fsdp and case.fsdp_per_param:
+        # one channel per small collective: a ring per rank on its own NIC share (in_domain = 1)
+        g_d = net.Group(size=g_d.size, in_domain=1 if g_d.domains > 1 else g_d.in_domain, span=g_d.span)
+    if case.fsdp:
+        ag = half(dense_dev * 2, expert_dev * 2)
+        rs = half(dense_dev * grad_b, expert_dev * grad_b)
+        ovl = c.overlap_eff if case.overlap_fsdp and not case.fsdp_per_param else 0.0
         per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag + rs - ovl * t_b_stage)
-        fsdp_exposed = case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))  # the first layer's gather cannot hide
+        return 0.0, case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))
+    if case.distributed_optimizer:
+        rs = half(dense_dev * grad_b, expert_dev * grad_b)
+        ag = half(dense_dev * 2, expert_dev * 2)
     else:
-        if case.distributed_optimizer:
-            rs = (_half_ring(dense_dev * grad_b, d_dense, bw_d, lat_d)
-                  + _half_ring(expert_dev * grad_b, d_exp, bw_e, lat_e))
-            ag = _half_ring(dense_dev * 2, d_dense, bw_d, lat_d) + _half_ring(expert_dev * 2, d_exp, bw_e, lat_e)
-        else:
-            rs = _ring(dense_dev * grad_b, d_dense, bw_d, lat_d) + _ring(expert_dev * grad_b, d_exp, bw_e, lat_e)
-            ag = 0.0
-        window = t_b_stage * (1 + (vp - 1) / vp * 0.5 * (pp > 1)) if case.overlap_dp else 0.0
-        dp_exposed = max(0.0, rs - c.overlap_eff * window)
-        if case.overlap_param_gather:
-            dp_exposed += max(0.0, ag - c.overlap_eff * t_f_stage)
-        else:
-            dp_exposed += ag
-    return dp_exposed, fsdp_exposed
+        rs = net.all_reduce(f, g_d, dense_dev * grad_b) + net.all_reduce(f, g_e, expert_dev * grad_b)
+        ag = 0.0
+    if case.overlap_dp:
+        window = t_b_stage * (1 + (vp - 1) / vp * 0.5 * (pp > 1))
+        last_bucket = rs * min(1.0, DP_BUCKET_PARAMS / max(1.0, dense_dev + expert_dev))
+        dp_exposed = max(last_bucket, rs - c.overlap_eff * window)
+    else:
+        dp_exposed = rs
+    if case.overlap_param_gather:
+        dp_exposed += max(0.0, ag - c.overlap_eff * t_f_stage)
+    else:
+        dp_exposed += ag
+    return dp_exposed, 0.0
 
 
 # --- optimizer ------------------------------------------------------------------------------------------
@@ -412,7 +502,7 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     """Predict one step's time. ``clock`` (≤ 1) scales compute throughput (power/thermal limits)."""
     sh = shape or shape_of(case)
     r = compute_rates(case, c, clock)
-    layer = layer_time(case, c, r, layer_flops_per_token(sh))
+    layer = mean_layer(case, c, r, layer_flops_per_token(sh))
     head = head_time(case, r)
     pipe = pipeline_time(case, c, r, layer, head)
     params = local_parameters(case, sh)

@@ -110,3 +110,45 @@ def get_model(name_or_config: str | ModelConfig | dict[str, Any]) -> ModelConfig
             f"unknown model {name_or_config!r}; known: {', '.join(sorted(_MODELS))}, "
             "or give the sizes inline (family, layers, hidden, ffn, heads, kv_heads, vocab, seq_len)"
         ) from None
+
+
+# Architecture details beyond the plain transformer sizes, for public models that published runs name
+# (their `model.name`), from each model's released config.json. Fields are predict.Case's: head_dim
+# (attention head width when heads × head_dim ≠ hidden), shared_ffn (total shared-expert width),
+# dense_layers (leading dense-MLP layers of an MoE model), MLA ranks (q_lora_rank, kv_lora_rank,
+# qk_rope_dim, v_head_dim; head_dim is then the non-rotary query/key width), mtp_layers.
+ARCHITECTURE_DETAILS: dict[str, dict[str, int]] = {
+    # Qwen3 (Qwen/Qwen3-*/config.json): head_dim 128 everywhere
+    "qwen3-30b-a3b": {"head_dim": 128}, "qwen3-235b-a22b": {"head_dim": 128}, "qwen3-32b": {"head_dim": 128},
+    "qwen3-14b": {"head_dim": 128}, "qwen3-8b": {"head_dim": 128}, "qwen3-4b": {"head_dim": 128},
+    "qwen3-1.7b": {"head_dim": 128}, "qwen3-0.6b": {"head_dim": 128},
+    # gpt-oss (openai/gpt-oss-*/config.json): head_dim 64, hidden 2880
+    "gpt-oss-120b": {"head_dim": 64}, "gpt-oss-20b": {"head_dim": 64},
+    # DeepSeek-V3/R1 (deepseek-ai/DeepSeek-V3/config.json): MLA, 1 shared expert of 2048, first 3 dense, 1 MTP
+    "deepseek-v3": {"head_dim": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_dim": 64,
+                    "v_head_dim": 128, "shared_ffn": 2048, "dense_layers": 3, "mtp_layers": 1},
+    "deepseek-r1": {"head_dim": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_dim": 64,
+                    "v_head_dim": 128, "shared_ffn": 2048, "dense_layers": 3, "mtp_layers": 1},
+    # DeepSeek-V2 (deepseek-ai/DeepSeek-V2/config.json): 2 shared experts of 1536, first 1 dense
+    "deepseek-v2": {"head_dim": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_dim": 64,
+                    "v_head_dim": 128, "shared_ffn": 3072, "dense_layers": 1},
+    "deepseek-v2-lite": {"head_dim": 128, "kv_lora_rank": 512, "qk_rope_dim": 64, "v_head_dim": 128,
+                         "shared_ffn": 2816, "dense_layers": 1},
+    # Kimi K2 (moonshotai/Kimi-K2-*/config.json): DeepSeek-V3 blocks, 64 heads, 384 experts, first 1 dense
+    "kimi-k2": {"head_dim": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_dim": 64,
+                "v_head_dim": 128, "shared_ffn": 2048, "dense_layers": 1},
+    # Moonlight / DeepSeek-style small MoE
+    "moonlight-16b-a3b": {"head_dim": 128, "kv_lora_rank": 512, "qk_rope_dim": 64, "v_head_dim": 128,
+                          "shared_ffn": 2816, "dense_layers": 1},
+}
+
+
+def architecture_details(name: str | None) -> dict[str, int]:
+    """The extra architecture fields of a public model named ``name`` (free text: "DeepSeek-V3 671B",
+    "Qwen3-30B-A3B"), or {} when the name is not one of them. The longest matching key wins."""
+    key = "".join(ch for ch in str(name or "").lower() if ch.isalnum() or ch in ".-")
+    best = ""
+    for k in ARCHITECTURE_DETAILS:
+        if k in key and len(k) > len(best):
+            best = k
+    return dict(ARCHITECTURE_DETAILS[best]) if best else {}

@@ -1,0 +1,82 @@
+"""Modern MoE and attention: folding, shared-expert width, dense layers, MLA, MTP, routing traffic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from powertrain.core.flops import model_flops_per_token, parameter_counts
+from powertrain.hardware import get_device
+from powertrain.predict import Case, moe, predict
+from powertrain.predict.calibration import Coefficients
+from powertrain.spec.model import architecture_details
+
+C = Coefficients()
+
+
+def _dsv3(**kw: object) -> Case:
+    base = dict(layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128, vocab=129280, seq_len=4096,
+                experts=256, top_k=8, moe_ffn=2048, shared_experts=1, tp=2, pp=8, dp=64, ep=64, etp=1,
+                micro_batch=1, global_batch=8192, sequence_parallel=True, precision="fp8", recipe="blockwise",
+                device=get_device("h100-sxm"), nodes=128, devices_per_node=8)
+    base.update(kw)
+    return replace(Case(**base), **architecture_details("DeepSeek-V3"))  # type: ignore[arg-type]
+
+
+def test_deepseek_v3_parameters_and_flops_match_its_published_size() -> None:
+    case = _dsv3()
+    p = parameter_counts(case)
+    total = sum(p.values())
+    # 671 B total parameters (incl. the 14 B MTP module), 37 B activated
+    assert total == pytest.approx(671e9, rel=0.03)
+    assert p["mlp"] < 0.05 * total  # shared experts at 2048, not the dense 18432
+    flops = model_flops_per_token(case)
+    # 6 × 37 B activated + the full-sequence attention core (heads × (192 + 128) per token per layer)
+    assert flops == pytest.approx(6 * 37.5e9 + 3 * 2 * 4096 * 128 * 320 * 61, rel=0.05)
+
+
+def test_folding_puts_ep_groups_on_consecutive_ranks() -> None:
+    folded = _dsv3()
+    legacy = replace(folded, etp=None)
+    assert moe.ep_stride(folded) == 1
+    assert moe.ep_stride(legacy) == 2
+    # expert replicas: 2·64 ranks per stage ÷ (etp·ep) = 2 with folding
+    assert moe.expert_dp(folded) == (64, 2)
+
+
+def test_tokens_per_expert_grow_with_ep_and_etp() -> None:
+    case = _dsv3()
+    n = 4096
+    assert moe.tokens_per_expert(case, n) == pytest.approx(n * 64 * 1 * 8 / (2 * 256))
+    assert moe.tokens_per_expert(replace(case, etp=2), n) == 2 * moe.tokens_per_expert(case, n)
+
+
+def test_capacity_factor_caps_the_load_and_dropless_uses_the_imbalance() -> None:
+    case = _dsv3()
+    assert moe.routed_load(case, C) == C.moe_imbalance
+    assert moe.routed_load(replace(case, capacity_factor=1.0), C) == 1.0
+
+
+def test_routing_traffic_scales_with_top_k_and_hidden() -> None:
+    case = _dsv3()
+    b8 = moe.routing_bytes(case, C, 2.0, 4096)
+    b4 = moe.routing_bytes(replace(case, top_k=4), C, 2.0, 4096)
+    assert 1.8 < b8 / b4 < 2.05
+
+
+def test_dense_first_layers_and_mtp_change_the_step() -> None:
+    case = _dsv3(global_batch=1024)
+    base = predict(case).metrics["step_time_mean_s"]
+    no_mtp = predict(replace(case, mtp_layers=0)).metrics["step_time_mean_s"]
+    assert no_mtp < base
+    no_dense = predict(replace(case, dense_layers=0)).metrics["step_time_mean_s"]
+    assert no_dense != base
+
+
+def test_published_records_get_the_architecture_by_name() -> None:
+    from powertrain.predict.published import load_published
+
+    runs = [r for r in load_published() if r.case is not None and "Qwen3-30B" in str(r.raw and r.raw["model"]["name"])]
+    assert runs and all(r.case.head_dim == 128 for r in runs if r.case)
+    assert {r.case.recipe for r in runs if r.case} >= {"mxfp8", "current"}

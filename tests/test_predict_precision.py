@@ -1,0 +1,62 @@
+"""GEMM efficiency by generation, precision and recipe (predict/precision.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from powertrain.hardware import get_device
+from powertrain.predict import Case
+from powertrain.predict.calibration import Coefficients
+from powertrain.predict.precision import generation, recipe_from_text, relative_efficiency
+from powertrain.predict.steptime import compute_rates
+
+C = Coefficients()
+
+
+def _case(dev: str, precision: str, recipe: str = "") -> Case:
+    return Case(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000, seq_len=4096,
+                device=get_device(dev), precision=precision, recipe=recipe, devices_per_node=8)
+
+
+def test_fp8_over_bf16_depends_on_the_generation() -> None:
+    def ratio(dev: str) -> float:
+        return compute_rates(_case(dev, "fp8"), C).peak / compute_rates(_case(dev, "bf16"), C).peak
+
+    # Blackwell's tensor cores scale blocks natively: fp8 keeps more of its 2x than Hopper's
+    assert 1.7 < ratio("h100-sxm") < ratio("b200") <= 2.0
+    assert ratio("a100-sxm4-80gb") == 1.0  # no fp8 units: the 16-bit rate
+
+
+def test_blockwise_fp8_is_slower_on_hopper_only() -> None:
+    assert relative_efficiency("h100-sxm", "fp8", "blockwise") < relative_efficiency("h100-sxm", "fp8", "delayed")
+    assert relative_efficiency("b200", "fp8", "blockwise") == relative_efficiency("b200", "fp8", "mxfp8")
+
+
+def test_current_scaling_pays_an_extra_pass() -> None:
+    cur = compute_rates(_case("h100-sxm", "fp8", "current"), C)
+    dly = compute_rates(_case("h100-sxm", "fp8", "delayed"), C)
+    assert cur.q > dly.q > 0
+    assert compute_rates(_case("h100-sxm", "bf16"), C).q == 0
+
+
+def test_16bit_efficiency_differs_by_generation() -> None:
+    a100 = compute_rates(_case("a100-sxm4-80gb", "bf16"), C).peak / get_device("a100-sxm4-80gb").peak("bf16")
+    h100 = compute_rates(_case("h100-sxm", "bf16"), C).peak / get_device("h100-sxm").peak("bf16")
+    b200 = compute_rates(_case("b200", "bf16"), C).peak / get_device("b200").peak("bf16")
+    assert a100 > h100 > b200
+
+
+def test_recipes_from_free_text() -> None:
+    assert recipe_from_text("fp8-cs") == "current"
+    assert recipe_from_text("mxfp8 (32x32)") == "mxfp8"
+    assert recipe_from_text("fp8-mx") == "mxfp8"
+    assert recipe_from_text("fp8 (Transformer Engine, delayed scaling)") == "delayed"
+    assert recipe_from_text("nvfp4") == "nvfp4"
+    assert recipe_from_text("bf16") == ""
+    assert generation("gb300") == "blackwell_ultra" and generation("no-such") == "unknown"
+
+
+def test_unknown_generation_keeps_the_calibrations_own_fp8_efficiency() -> None:
+    dev = replace(get_device("h100-sxm"), name="my-accelerator")
+    case = replace(_case("h100-sxm", "fp8"), device=dev)
+    assert compute_rates(case, C).peak == dev.peak("fp8") * C.gemm_eff_fp8
