@@ -54,7 +54,15 @@ def check(folder: Path, steps: int, log: list[str] | None = None) -> tuple[objec
             powertrain("run", str(spec), "--out", str(run))
     profile = folder / "advise-cpu.yaml"
     if not profile.is_file():
-        powertrain("calibrate", *runs, "--name", "advise-cpu", "--output", str(profile))
+        # the default fit (GEMM efficiency, per-layer overhead, collective latency); when a coefficient
+        # lands on its physical bound (a busy 2-core host can make three runs disagree), fit two instead
+        first = subprocess.run([sys.executable, "-m", "powertrain.cli", "calibrate", *runs, "--name", "advise-cpu",
+                                "--output", str(profile)])
+        if first.returncode:
+            say("calibration: the default three coefficients do not fit these runs; fitting gemm_eff_fp32 and "
+                "layer_overhead_s only")
+            powertrain("calibrate", *runs, "--name", "advise-cpu", "--output", str(profile),
+                       "--params", "gemm_eff_fp32,layer_overhead_s")
     cal = load_calibration(str(profile))
     req = make_request("llama3-tiny", "cpu", 4, 1, 8, engine="builtin", max_vp=2)
     adv = advise(req, cal, top_n=3)

@@ -68,19 +68,22 @@ class Advice:
 
 
 def throughput_interval(pred: Prediction, is_moe: bool) -> tuple[float, float, str]:
-    """The prediction interval of tokens/s: the predictor's own where it states one, else ± the
-    calibration's validation error for the architecture (labelled so: in-sample error, not an interval)."""
+    """The prediction interval of tokens/s: the predictor's own 80 % interval (from the profile's
+    leave-one-source-out residuals) where the profile has one; else ± the profile's validation error
+    for the architecture, else ± its fit error (a CPU profile) — each labelled with where it comes from."""
+    from powertrain.predict.output import prediction_interval
+
     tps = float(pred.metrics["tokens_per_s"])
-    own = getattr(pred, "interval", None)
-    if isinstance(own, dict) and "tokens_per_s" in own:
-        lo, hi = own["tokens_per_s"][:2]
-        return float(lo), float(hi), str(own.get("how", "predictor interval"))
+    own = prediction_interval(pred, "tokens_per_s", "80")
+    if own is not None:
+        return own[0], own[1], f"80 % prediction interval of profile {pred.calibration!r} (leave-one-source-out)"
     err = pred.model_error or {}
     key = "throughput_mape_moe" if is_moe else "throughput_mape_dense"
-    rel = err.get(key)
-    if not isinstance(rel, (int, float)):
-        return tps, tps, "no validation error in the profile: interval unknown"
-    return tps * (1 - rel), tps * (1 + rel), f"± profile {pred.calibration!r} {key} {rel:.1%} (in-sample)"
+    for k, what in ((key, "in-sample validation error"), ("step_time_mape", "fit error on its runs, in-sample")):
+        rel = err.get(k)
+        if isinstance(rel, (int, float)) and rel > 0:
+            return tps / (1 + rel), tps * (1 + rel), f"± profile {pred.calibration!r} {k} {rel:.1%} ({what})"
+    return tps, tps, f"profile {pred.calibration!r} states no error: interval unknown"
 
 
 def _point(cand: Candidate, pred: Prediction, req: Request, host_w: float) -> Point:

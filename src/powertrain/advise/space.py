@@ -190,6 +190,7 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
     n_power = len(power)
     capacity = req.device.memory_bytes * (1 - req.constraints.mem_headroom)
     base: Case | None = None
+    knob_cache: dict[tuple[Any, ...], list[str]] = {}
     for lay in structures(req):
         local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0
         for mb in divisors(local) if local else [1]:
@@ -217,11 +218,38 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
                     continue
                 for ov in _overlaps(lay, dist):
                     for cap, lock in power:
+                        knob_broken = knob_rules(req, cfg, lay, rc, dist, ov, cap, knob_cache)
+                        if knob_broken:
+                            st.rejected_rules += 1
+                            for r in knob_broken:
+                                st.rule_counts[r] = st.rule_counts.get(r, 0) + 1
+                            continue
                         if cap is not None and not cap_binds[cap]:
                             st.same_as_uncapped += 1
                             continue
                         st.kept += 1
                         yield Candidate(replace(case, power_limit_w=cap, **ov), layout, lock)
+
+
+def knob_rules(req: Request, cfg: RunConfig, lay: dict[str, Any], rc: str, dist: bool, ov: dict[str, Any],
+               cap: float | None, cache: dict[tuple[Any, ...], list[str]]) -> list[str]:
+    """Rules the knobs break (async TP where PyTorch has none, a power limit outside the device's range, …):
+    plan's rules on the structure's RunConfig with these knobs, minus what the structure alone breaks.
+
+    Cached by what such rules can see of the structure (TP > 1, data parallel, FSDP) and the knobs, so
+    ``validate`` runs a few dozen times per search rather than once per candidate."""
+    key = (lay["tp"] > 1, lay["dp"] * lay["cp"] > 1, lay["fsdp"], rc, dist, tuple(sorted(ov.items())), cap)
+    got = cache.get(key)
+    if got is None:
+        overlap = cfg.knobs.overlap.model_copy(update={"async_tp": bool(ov["overlap_tp"]),
+                                                       "grad_reduce_in_backward": bool(ov["overlap_dp"]),
+                                                       "fsdp_prefetch": bool(ov["overlap_fsdp"])})
+        knobs = cfg.knobs.model_copy(update={"recompute": rc, "overlap": overlap, "power_limit_w": cap})
+        layout = cfg.layout.model_copy(update={"distributed_optimizer": dist})
+        with_knobs = cfg.model_copy(update={"knobs": knobs, "layout": layout})
+        got = [r for r in rule_failures(req, with_knobs) if r not in rule_failures(req, cfg)]
+        cache[key] = got
+    return got
 
 
 def _binds(req: Request, c: Coefficients, cap: float) -> bool:
