@@ -35,6 +35,8 @@ def test_h200_parallelism_sweep_is_exactly_the_studys_15_layouts():
         lay = r.config.layout
         assert lay.dp * lay.tp * lay.pp == 32  # dp derived, never typed
         assert r.mem_per_device_bytes is not None  # sized by the memory model
+        # Fig. 4 ran with full recompute (block method, every layer): with it every layout fits in 141 GB
+        assert r.config.knobs.recompute == "full" and r.fits is True and not r.warnings
 
 
 def test_h200_microbatch_sweep_flags_exactly_the_studys_invalid_run():
@@ -43,6 +45,7 @@ def test_h200_microbatch_sweep_flags_exactly_the_studys_invalid_run():
     assert len(p.runs) == 60
     assert [(_key(r), r.config.knobs.micro_batch) for r in rejected] == [(("mixtral-8x7b", 1, 1, 8, False), 8)]
     assert "global_batch" in rejected[0].reasons[0] and "fix" in rejected[0].reasons[0]
+    assert all(r.config.knobs.recompute == "full" for r in p.runs)
 
 
 def test_optimization_sweep_merges_no_op_variants():
@@ -57,6 +60,15 @@ def test_h100_sweep_has_the_studys_15_layouts_on_64_gpus():
     p = plan(load_sweep_spec(EXAMPLES / "study-h100-parallelism.yaml"))
     assert p.counts()["planned"] == 15
     assert all(r.config.layout.dp * r.config.layout.tp * r.config.layout.pp == 64 for r in p.runs)
+
+
+def test_h100_grid_ships_as_an_optimization_sweep_of_four_variants():
+    p = plan(load_sweep_spec(EXAMPLES / "study-h100-optimizations.yaml"))
+    assert len(p.runs) == 60 and {r.variant for r in p.runs} == {"base", "overlap", "recompute", "overlap+recompute"}
+    full = {(r.config.model.name, r.config.layout.label()) for r in p.runs if r.variant == "recompute"}
+    view = plan(load_sweep_spec(EXAMPLES / "study-h100-parallelism.yaml"))  # its full-recompute column
+    assert full == {(r.config.model.name, r.config.layout.label()) for r in view.runs}
+    assert all(r.config.knobs.recompute == "full" for r in view.runs)
 
 
 def test_cpu_examples_plan_and_fit():
