@@ -101,6 +101,9 @@ def restore_left_over(binding: Any | None = None, *, force: bool = False) -> lis
             continue
         try:
             reports += restore_stale(controls, ledger, force=force)
+        except OSError as exc:  # the ledger is not ours to change (another user's): say so, run on
+            reports += [{"device": e.get("device"), "run": e.get("owner", {}).get("run"), "problems": [str(exc)]}
+                        for e in entries if e.get("vendor") == vendor]
         finally:
             controls.close()
     return reports
