@@ -310,3 +310,12 @@ def test_a_gpu_without_locked_clocks_gets_its_sm_clock_through_application_clock
     gpus[0].unsupported |= {"nvmlDeviceSetMemoryLockedClocks"}
     with pytest.raises(ControlRefused, match="gpu0: cannot set the memory clock lock: NVML: Not Supported"):
         apply_controls({"mem_clock_mhz": 1600}, NvidiaControls(nvml), ledger, [0], this_owner("r"))
+
+
+def test_a_damaged_ledger_is_reported_never_emptied(ledger):
+    ledger.path.write_text("{not json")
+    (report,) = restore_left_over(FakeNvml(_gpus(1)))
+    assert "cannot be read" in report["problems"][0] and "powertrain restore" in report["problems"][0]
+    assert ledger.path.read_text() == "{not json"  # the only record of a change is not thrown away
+    with pytest.raises(OSError, match="cannot be read"), ledger.locked():
+        pass

@@ -90,7 +90,10 @@ def restore_left_over(binding: Any | None = None, *, force: bool = False) -> lis
     Reads the ledger only (no vendor library is loaded when it is empty). A vendor library that
     cannot start is reported as the entry's problem, and the entry kept."""
     ledger = Ledger()
-    entries = ledger.entries()
+    try:
+        entries = ledger.entries()
+    except OSError as exc:  # a damaged ledger: kept as it is for a person to repair, and said
+        return [{"device": None, "run": None, "problems": [str(exc)]}]
     reports: list[dict[str, Any]] = []
     for vendor in sorted({str(e.get("vendor")) for e in entries}):
         try:
