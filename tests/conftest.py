@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,31 @@ def _own_probe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         os.environ.pop("POWERTRAIN_CACHE_DIR", None)
     else:
         os.environ["POWERTRAIN_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], object]], object]:
+    """``build_once(name, build)``: ``build(folder)`` runs once per test session, whichever xdist worker
+    asks first (the other waits on a file lock and reads the result), and its JSON-able result is returned.
+
+    A module-scoped fixture runs once per *worker* that runs a test of its module — a real multi-rank
+    launch twice over. The folder is shared: what ``build`` writes there must only be read by tests.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+
+    def run(name: str, build: Callable[[Path], object]) -> object:
+        folder, done = root / f"once-{name}", root / f"once-{name}.json"
+        with open(root / f"once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+                folder.mkdir()
+                result = build(folder)
+                done.write_text(json.dumps(result))
+            return json.loads(done.read_text())
+
+    return run
 
 
 @pytest.fixture

@@ -29,10 +29,9 @@ def real(sub: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpt3(tmp_path_factory):
+def gpt3(build_once):
     src = real("gpt3-175b_64node_512gpu")
-    out = tmp_path_factory.mktemp("mlperf") / "gpt3"
-    import_sources("mlperf", [src], out)
+    out = Path(build_once("mlperf-gpt3", lambda folder: str(import_sources("mlperf", [src], folder / "gpt3"))))
     return src, out
 
 

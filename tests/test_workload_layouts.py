@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,8 +64,7 @@ CASES = {
 }
 
 
-def launch(world: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
-    folder = tmp_path_factory.mktemp(f"world{world}")
+def launch(world: int, folder: Path) -> dict[str, list[float]]:
     cases, out = folder / "cases.json", folder / "losses.json"
     cases.write_text(json.dumps(CASES[world]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
@@ -76,13 +76,13 @@ def launch(world: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, li
 
 
 @pytest.fixture(scope="module")
-def world2(tmp_path_factory):
-    return launch(2, tmp_path_factory)
+def world2(build_once):
+    return build_once("layouts-world2", lambda folder: launch(2, folder))
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory):
-    return launch(4, tmp_path_factory)
+def world4(build_once):
+    return build_once("layouts-world4", lambda folder: launch(4, folder))
 
 
 @pytest.fixture(autouse=True, scope="module")

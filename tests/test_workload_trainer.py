@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,16 +129,13 @@ def test_protocol_windows_and_minimum_measured_time(tmp_path):
     assert (steps[-1]["t_end_ns"] - steps[0]["t_start_ns"]) / 1e9 >= 0.3  # the window lasts long enough
 
 
-@pytest.fixture(scope="module")
-def pp_run(tmp_path_factory):
-    """A real 2-rank 1F1B run (llama3-tiny, 4 micro-batches) under `powertrain run`."""
+def _pp_run(folder: Path) -> str:
     import os
     import subprocess
     import sys
 
     import yaml
 
-    folder = tmp_path_factory.mktemp("pp1f1b")
     spec = folder / "s.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "pp1f1b", "model": "llama3-tiny", "layout": {"pp": 2, "pp_schedule": "1f1b"},
@@ -147,7 +145,13 @@ def pp_run(tmp_path_factory):
                           "--rate", "10"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
-    return folder / "run"
+    return str(folder / "run")
+
+
+@pytest.fixture(scope="module")
+def pp_run(build_once):
+    """A real 2-rank 1F1B run (llama3-tiny, 4 micro-batches) under `powertrain run`, once per session."""
+    return Path(build_once("pp1f1b", _pp_run))
 
 
 N_MICRO = 4
