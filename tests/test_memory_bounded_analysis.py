@@ -39,3 +39,41 @@ def test_flat_long_series_has_no_oscillation():
     s = OscillationStream(max_points=1 << 10)
     s.add(t, np.full(t.size, 300.0))
     assert s.result() is None
+
+
+def test_summarize_reads_telemetry_in_bounded_chunks(tmp_path, monkeypatch):
+    """Every query result the analysis holds is about a chunk, not the run: the device pass and the
+    cluster series come in chunks of the configured size, and the figures do not change."""
+    import json
+
+    from powertrain.analyze import device_pass
+    from powertrain.analyze import telemetry as tel
+    from powertrain.analyze.summary import summarize_run
+    from powertrain.analyze.synthetic import write_run
+
+    run = write_run(tmp_path / "run", hosts=1, devices_per_host=4, steps=120, step_s=1.0, rate_hz=20.0)
+    canon = lambda s: json.dumps({k: v for k, v in s.items() if k != "path"}, sort_keys=True)  # noqa: E731
+    whole = canon(summarize_run(run, probe_cpu_peak=False))
+    seen: dict[str, list[int]] = {"pass": [], "series": []}
+    by_device = device_pass._by_device
+
+    def spy_by_device(t, fields):
+        seen["pass"].append(t.num_rows)
+        return by_device(t, fields)
+
+    chunks = tel.device_mean_chunks
+
+    def spy_chunks(*a, **k):
+        for t in chunks(*a, **k):
+            seen["series"].append(t.num_rows)
+            yield t
+
+    monkeypatch.setattr(device_pass, "PASS_CHUNK_ROWS", 1000)
+    monkeypatch.setattr(tel, "SERIES_CHUNK_ROWS", 1000)
+    monkeypatch.setattr(device_pass, "_by_device", spy_by_device)
+    monkeypatch.setattr(tel, "device_mean_chunks", spy_chunks)
+    small = canon(summarize_run(run, probe_cpu_peak=False))
+    total = 4 * 20 * 122
+    assert len(seen["pass"]) >= total // 1000 and max(seen["pass"]) <= 1000 + 4 * 20  # whole seconds
+    assert len(seen["series"]) >= 2 and sum(seen["series"]) * 4 <= total + 8 and max(seen["series"]) <= 1000
+    assert small == whole
