@@ -224,3 +224,19 @@ def test_cli_table_emit_html_and_one_line_refusal(tmp_path):
     assert res.exit_code == 1
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "--node-kw 0.5: below one node's idle draw" in lines[0]
+
+
+def test_a_placement_goes_into_the_emitted_spec(tmp_path):
+    from powertrain.advise.space import Candidate
+    from powertrain.spec.layout import Layout
+
+    case = _pp8_case()
+    speeds = {f"gpu{i}": 1.0 for i in range(8)}
+    speeds["gpu0"] = speeds["gpu1"] = 0.9
+    pl = place_stages(case, synthetic_profile(speeds), CAL)
+    req = make_request("llama3-70b", "h200", 8, 1, 64)
+    cand = Candidate(case, Layout(pp=8).resolve(8))
+    emit_spec(cand, req, tmp_path / "placed.yaml", device_order=pl.device_order, pp_split=pl.pp_split)
+    cfg = load_run_config(tmp_path / "placed.yaml")
+    assert cfg.launch.device_order == pl.device_order and cfg.layout.pp_split == pl.pp_split
+    assert cfg.layout.pp_split != [10] * 8 and validate(cfg) == []

@@ -33,8 +33,10 @@ def _model_entry(req: Request) -> Any:
 
 
 def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: int = 2, measured: int = 5,
-                  max_sm_clock_mhz: float | None = None) -> tuple[dict[str, Any], list[str]]:
-    """(the run spec mapping, notes on what it cannot express)."""
+                  max_sm_clock_mhz: float | None = None, device_order: list[int] | None = None,
+                  pp_split: list[int] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """(the run spec mapping, notes on what it cannot express). ``device_order`` and ``pp_split`` come
+    from a placement (:func:`powertrain.advise.placement.place_stages`)."""
     c, lay = cand.case, cand.layout
     notes: list[str] = []
     prec = req.precision
@@ -66,11 +68,14 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
               "sequence_parallel": lay.sequence_parallel, "distributed_optimizer": c.distributed_optimizer}
     if lay.pp > 1:
         layout.update(pp_schedule=lay.pp_schedule, virtual_stages=lay.virtual_stages)
-        if isinstance(c.pp_split, list):
-            layout["pp_split"] = list(c.pp_split)
+        split = pp_split or (list(c.pp_split) if isinstance(c.pp_split, list) else None)
+        if split:
+            layout["pp_split"] = split
     spec = {"name": name, "model": _model_entry(req), "layout": layout, "knobs": knobs,
             "hardware": {"nodes": req.nodes, "devices_per_node": req.devices_per_node, "device": req.device_name},
             "protocol": {"warmup_steps": warmup, "measured_steps": measured}}
+    if device_order is not None:
+        spec["launch"] = {"device_order": list(device_order)}
     RunConfig.model_validate(spec)  # what this writes always loads
     return spec, notes
 

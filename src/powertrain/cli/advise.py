@@ -114,10 +114,9 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
         return
     _print_advice(adv)
     _print_power(adv, cal)
+    placed = _print_placement(adv, cal, placement) if placement is not None else None
     for target in emit or []:
-        _emit(adv, target)
-    if placement is not None:
-        _print_placement(adv, cal, placement)
+        _emit(adv, target, placed)
     if html is not None:
         from powertrain.report.advise import write_advice_html
 
@@ -230,14 +229,18 @@ def _cap(w: float | None) -> str:
     return "default limit" if w is None else f"{w:.0f} W"
 
 
-def _emit(adv: Advice, target: str) -> None:
+def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None = None) -> None:
+    """Write or print one --emit target; a placement of #1 goes into its spec (device order, split)."""
     from powertrain.advise.emit import emit_flags, emit_spec, emit_sweep
 
     req, first = adv.request, adv.top[0].point.cand
+    extra: dict[str, Any] = {}
+    if placed is not None and placed[0] is first:
+        extra = {"device_order": placed[1].device_order, "pp_split": placed[1].pp_split}
     try:
         if target.endswith((".yaml", ".yml")):
             path = Path(target)
-            notes = emit_spec(first, req, path)
+            notes = emit_spec(first, req, path, **extra)
             sweep = path.with_name(f"{path.stem}-sweep{path.suffix}")
             emit_sweep([r.point.cand for r in adv.top], req, sweep)
             out.print(f"wrote {escape(str(path))} (#1) and {escape(str(sweep))} (top {len(adv.top)}, for a "
@@ -251,7 +254,8 @@ def _emit(adv: Advice, target: str) -> None:
         fail(f"--emit {target}: {exc}")
 
 
-def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> None:
+def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> tuple[Any, Any] | None:
+    """Print the slot profile and the placement; returns (placed candidate, Placement) or None."""
     from powertrain.advise.placement import place_stages, placement_gain, predicted_profile, slot_profile
 
     # the best-ranked configuration with a (non-interleaved) pipeline: placement moves stages, so it needs one
@@ -277,7 +281,7 @@ def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> None:
     out.print(f"speed from: {escape(prof.speed_from)}")
     if not cands:
         out.print("placement: no feasible configuration has a (non-interleaved) pipeline; nothing to place")
-        return
+        return None
     cand = cands[0]
     try:
         pl = place_stages(cand.case, prof, cal)
@@ -289,6 +293,7 @@ def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> None:
               f"{pl.step_after_s:.4g} s ({placement_gain(pl):+.1%}); uniform slots {pl.step_uniform_s:.4g} s")
     for n in pl.notes:
         out.print(f"  note: {escape(n)}")
+    return cand, pl
 
 
 def _print_json(adv: Advice, cal: Calibration, placement: Path | None) -> None:
