@@ -16,6 +16,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("POWERTRAIN_SHARED", REPO.parent / "shared"))
 
+# One intra-op thread for torch in this process and every process it starts (set before torch is
+# imported): the suite runs on 2 busy cores, where OpenMP threads spin-waiting against each other and
+# against the other worker multiplied a small training loop's CPU time by five. Multi-rank runs use one
+# thread a rank anyway (torchrun's default); tests that need another count set it themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_probe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
