@@ -1,7 +1,7 @@
 """The CPU acceptance of `advise` (issue 17): advise llama3-tiny on 4 CPU ranks with a profile calibrated
 from real runs, then run its top 3 for real and compare the measured order with the advised one.
 
-1. three calibration runs on 4 ranks (DP4, TP2·DP2, PP2·DP2; `powertrain run`), calibrated into a
+1. four calibration runs on 4 ranks (DP4, FSDP4, TP2·DP2, PP2·DP2; `powertrain run`), calibrated into a
    profile (`powertrain calibrate`);
 2. `advise` (engine builtin: only what the built-in trainer runs) with that profile → top 3, written
    as a confirmation sweep (`emit_sweep`, advised order = case order);
@@ -21,7 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CAL_RUNS = {"dp4": "{tp: 1, pp: 1}", "tp2": "{tp: 2, pp: 1}", "pp2": "{tp: 1, pp: 2, pp_schedule: 1f1b}"}
+# one run per family the search ranks (DDP, FSDP, TP, PP): on gloo their collectives differ most, and a
+# profile fitted without FSDP rates FSDP's per-layer all-gathers far too cheap
+CAL_RUNS = {"dp4": "{tp: 1, pp: 1}", "fsdp4": "{tp: 1, pp: 1, fsdp: true}", "tp2": "{tp: 2, pp: 1}",
+            "pp2": "{tp: 1, pp: 2, pp_schedule: 1f1b}"}
 
 
 def spec_text(name: str, layout: str, steps: int) -> str:

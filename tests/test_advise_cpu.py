@@ -1,6 +1,6 @@
 """advise on this CPU, confirmed by real runs (issue 17 acceptance): llama3-tiny on 4 ranks.
 
-Calibrates a CPU profile on three real runs, advises with it, runs the advised top 3 as a sweep and
+Calibrates a CPU profile on four real runs (DDP, FSDP, TP, PP), advises with it, runs the advised top 3 as a sweep and
 compares: the measured order is reported (agreement or the disagreement), and the advised #1 must be
 within 15 % of the best measured run. Runs are tiny (1 warm-up, 2 measured steps)."""
 

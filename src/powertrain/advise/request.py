@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
 from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
+from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
 
 OBJECTIVES = ("throughput", "energy", "time", "cost", "pareto")
@@ -79,10 +80,18 @@ def load_model(model: str, seq_len: int | None) -> ModelConfig:
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise ValueError(f"--model: file {model} does not exist; give a catalog name or a model YAML")
-        raw = yaml.safe_load(path.read_text())
+        try:  # read within the spec bounds (size, encoding, YAML aliases) every spec file is held to
+            raw = load_spec_yaml(path)
+        except ValueError as exc:
+            raise ValueError(f"--model {model}: {str(exc).splitlines()[0]}") from None
         raw = raw.get("model", raw) if isinstance(raw, dict) else raw
         try:
             m = get_model(raw) if isinstance(raw, (dict, str)) else None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "model"
+            raise ValueError(f"--model {model}: model.{where}: {first['msg']} ({exc.error_count()} problem(s); a model "
+                             "gives family, layers, hidden, ffn, heads, kv_heads, vocab, seq_len)") from None
         except (KeyError, ValueError) as exc:
             raise ValueError(f"--model {model}: {str(exc).splitlines()[0]}") from None
         if m is None:
