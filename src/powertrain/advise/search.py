@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from powertrain.advise.anchors import family, profile_anchors
 from powertrain.advise.request import Request, impossible
 from powertrain.advise.space import Candidate, SpaceStats, count_space, enumerate_candidates
 from powertrain.predict import Calibration, Prediction, load_calibration, predict
@@ -45,6 +46,7 @@ class Point:
     mfu: float
     step_s: float
     score: float = 0.0
+    anchor: float = 1.0  # measured/predicted tokens/s of the profile's runs of this family (1: not anchored)
 
 
 @dataclass
@@ -137,9 +139,22 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return front
 
 
+def _anchored(p: Point, factor: float) -> None:
+    """Correct a point by its family's measured/predicted ratio (see :mod:`powertrain.advise.anchors`)."""
+    p.anchor = factor
+    p.tokens_per_s *= factor
+    p.mfu *= factor
+    p.step_s /= factor
+    if p.j_per_token is not None:
+        p.j_per_token /= factor
+
+
 def advise(req: Request, calibration: Calibration | str | None = None, top_n: int = 5,
-           progress: Progress | None = None) -> Advice:
-    """Search ``req``'s space (see :mod:`powertrain.advise.space`) and rank what fits its limits."""
+           progress: Progress | None = None, anchors: bool = True) -> Advice:
+    """Search ``req``'s space (see :mod:`powertrain.advise.space`) and rank what fits its limits.
+
+    With ``anchors``, families the profile's own runs measured are corrected by them
+    (:mod:`powertrain.advise.anchors`)."""
     t0 = time.perf_counter()
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     host_w = cal.coefficients.host_w_per_node
@@ -150,8 +165,12 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     total = count_space(req, cal.coefficients)
     points: list[Point] = []
     broke: dict[str, list[Point]] = {}
+    anch = profile_anchors(cal, req.world, req.device.transport) if anchors else {}
     for i, cand in enumerate(enumerate_candidates(req, cal, stats)):
         p = _point(cand, predict(cand.case, cal), req, host_w)
+        a = anch.get(family(cand.case)) if anch else None
+        if a is not None:
+            _anchored(p, a.factor)
         bad = violates(p, req)
         if bad:
             broke.setdefault(bad, []).append(p)
@@ -173,7 +192,8 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     top = []
     for p in chosen:
         pred = predict(p.cand.case, cal)
-        top.append(Ranked(p, pred, throughput_interval(pred, p.cand.case.is_moe)))
+        lo, hi, how = throughput_interval(pred, p.cand.case.is_moe)
+        top.append(Ranked(p, pred, (lo * p.anchor, hi * p.anchor, how)))
     lines = explain(top[0], top[1], req) if len(top) > 1 else ["only one feasible configuration"]
     runner = _first_clearly_behind(points, top[0].point) if req.objective.kind != "pareto" else None
     tie = len(top) > 1 and abs(top[1].point.score / top[0].point.score - 1) < 0.005
@@ -182,8 +202,9 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
         lines += ["#1 and #2 are a tie within 0.5 %; against the first configuration clearly behind (> 1 %):"]
         lines += explain(top[0], Ranked(runner, pred, throughput_interval(pred, runner.cand.case.is_moe)), req,
                        "runner-up")
+    notes = [f"anchored to the profile's measured runs: {a.text()}" for a in anch.values()]
     return Advice(request=req, calibration=cal.name, stats=stats, points=points, top=top, pareto=front,
-                  explanation=lines, seconds=time.perf_counter() - t0)
+                  explanation=lines, seconds=time.perf_counter() - t0, notes=notes)
 
 
 def _first_clearly_behind(ranked: list[Point], first: Point) -> Point | None:

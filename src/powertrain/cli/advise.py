@@ -76,6 +76,8 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                        "(per-slot profile → stage placement), or "
                                                                        "'model' for the predictor's slot model.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advice as one JSON object.")] = False,
+    no_anchors: Annotated[bool, typer.Option("--no-anchors", help="Rank by the raw prediction even for layout "
+                                                                  "families the profile's own runs measured.")] = False,
 ) -> None:
     """Find the best layout for a model on a cluster under power, thermal and memory limits.
 
@@ -108,7 +110,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
     except ValueError as exc:
         fail(str(exc))
     cal = _calibration(profile)
-    adv = _search(req, cal, top, quiet=as_json)
+    adv = _search(req, cal, top, quiet=as_json, anchors=not no_anchors)
     if as_json:
         _print_json(adv, cal, placement)
         return
@@ -133,7 +135,7 @@ def _calibration(profile: str) -> Calibration:
         fail(str(exc))
 
 
-def _search(req: Any, cal: Calibration, top: int, quiet: bool) -> Advice:
+def _search(req: Any, cal: Calibration, top: int, quiet: bool, anchors: bool = True) -> Advice:
     """Run the search with a progress bar that appears once it has taken more than a second."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -153,7 +155,7 @@ def _search(req: Any, cal: Calibration, top: int, quiet: bool) -> Advice:
         bar["p"].update(bar["t"], completed=done)
 
     try:
-        return advise(req, cal, top_n=top, progress=progress)
+        return advise(req, cal, top_n=top, progress=progress, anchors=anchors)
     except NoFeasibleLayout as exc:
         fail(str(exc), code=1)
     finally:
@@ -169,7 +171,8 @@ def _row(r: Any) -> list[str]:
     m = r.prediction.metrics
     lo, hi, _ = r.interval
     hot = f"{m['hottest_slot']} {m['temp_peak_c']:.0f}°C" if m.get("temp_peak_c") is not None else None
-    vals = (m["tokens_per_s"], f"{lo:,.0f}–{hi:,.0f}", m["mfu"], m["j_per_token"], m["power_peak_w"],
+    p = r.point  # tokens/s, MFU, J/token as ranked (anchored where the profile measured the family)
+    vals = (p.tokens_per_s, f"{lo:,.0f}–{hi:,.0f}", p.mfu, p.j_per_token, m["power_peak_w"],
             m["power_mean_w"], hot, m["throttle_share"], m["mem_per_device_bytes"] / 2**30)
     return ["—" if v is None else f.format(v) for (_, f), v in zip(_COLS, vals, strict=True)]
 
@@ -189,8 +192,11 @@ def _print_advice(adv: Advice) -> None:
     for name, _ in _COLS:
         t.add_column(name, justify="right")
     for i, r in enumerate(adv.top, 1):
-        t.add_row(str(i), escape(r.point.cand.label()), *_row(r))
+        mark = f" (anchored ×{r.point.anchor:.2f})" if r.point.anchor != 1.0 else ""
+        t.add_row(str(i), escape(r.point.cand.label() + mark), *_row(r))
     out.print(t)
+    for n in adv.notes:
+        out.print(f"note: {escape(n)}")
     out.print(f"interval: {escape(adv.top[0].interval[2])}")
     out.print("[bold]why #1 beats #2[/]")
     for line in adv.explanation:
