@@ -230,6 +230,16 @@ def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]
         return []
     sel = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
                                 pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
+    acc: dict[tuple[int, str], float] = {}
+    # one rank at a time (in rank order, as one sorted walk over all of them would go): the Python
+    # rows of the walk are one rank's, not the run's
+    for rank in sorted(r for r in pc.unique(sel["rank"]).to_pylist() if r is not None):
+        _rank_self_phases(sel.filter(pc.equal(sel["rank"], rank)), acc)
+    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
+
+
+def _rank_self_phases(sel: pa.Table, acc: dict[tuple[int, str], float]) -> None:
+    """Add one rank's self seconds per label to ``acc`` (see :func:`self_phases`)."""
     rows = sorted(zip(sel["rank"].to_pylist(), sel["t_start_ns"].to_pylist(), sel["t_end_ns"].to_pylist(),
                       sel["kind"].to_pylist(), sel["name"].to_pylist(), strict=True),
                   key=lambda e: (e[0], e[1], -(e[2] - e[1])))  # enclosing interval first at equal starts
@@ -243,7 +253,6 @@ def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]
             self_ns[stack[-1]] -= end - rows[i][1]
             has_child[stack[-1]] = True
         stack.append(i)
-    acc: dict[tuple[int, str], float] = {}
     for (rank, _, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
         label = kind
         if kind == "phase":
@@ -251,7 +260,6 @@ def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]
             if child:
                 label = CONTAINER_LABELS.get(label, f"{label} (rest)")
         acc[(rank, label)] = acc.get((rank, label), 0.0) + max(ns, 0) / 1e9
-    return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
 
 
 def step_stats(sd: StepData | None, dropped: dict[str, Any] | None = None,
