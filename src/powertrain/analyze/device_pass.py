@@ -8,8 +8,8 @@ whole seconds, ordered by device then time as the readers order rows) and keeps 
 what the next chunk needs: its last row, running sums, the energy streams' edge state, one mean per
 second of temperature and the tails of its power distribution, and — for the devices asked — the stream of its
 power spectrum (:class:`powertrain.analyze.signal.OscillationStream`). Memory is bounded by one
-chunk, not by the run's length (the one-per-second temperature means and the quantile tails — 8
-bytes per second and per 100 samples of a device — are what still grows, by design small).
+chunk, not by the run's length (what still grows, by design small, is per device one temperature
+mean per second — 16 bytes — and the two 1 % power tails — 16 bytes per 100 samples).
 
 Every sum is added in time order, carried from chunk to chunk (``np.cumsum`` is sequential), so the
 figures are those of one whole-series pass to the last bit, whatever the chunk size.
