@@ -83,6 +83,9 @@ def _mean(a: np.ndarray | None, mask: np.ndarray) -> float | None:
 
 def slot_profile(run_dir: str | os.PathLike[str], busy_util_pct: float = 50.0) -> SlotProfile:
     """The per-slot profile of a measured run directory (see module doc)."""
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"{run_dir}: not a run directory; give a measured or imported run (powertrain import "
+                         "nvsmi …), or --placement model")
     t = read_telemetry(run_dir)
     if t.num_rows == 0:
         raise ValueError(f"{run_dir}: no telemetry rows; give a run directory with per-GPU telemetry")

@@ -137,8 +137,11 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     m = load_model(model, seq_len)
     try:
         dev = get_device(device)
-    except KeyError as exc:
-        raise ValueError(f"--hardware: {str(exc.args[0]) if exc.args else exc}") from None
+    except KeyError as exc:  # UnknownDeviceError: its message names the closest catalog entries
+        text = str(getattr(exc, "message", None) or exc)
+        # advise's --hardware is the device name; a user catalog comes in through the environment
+        raise ValueError("--hardware: " + text.replace("pass it with --hardware", "set $POWERTRAIN_HARDWARE to "
+                                                                                 "its path")) from None
     if nodes < 1 or gpus < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
                          "node count")

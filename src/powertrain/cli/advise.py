@@ -256,7 +256,9 @@ def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None = None) -> No
         else:
             out.print(f"[bold]{escape(target)} flags for #1[/]")
             out.print(emit_flags(first, req, target), markup=False, highlight=False)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:  # names --emit itself
+        fail(str(exc))
+    except OSError as exc:
         fail(f"--emit {target}: {exc}")
 
 
