@@ -39,6 +39,7 @@ from powertrain.analyze import steps as steps_mod
 from powertrain.analyze import telemetry as tel
 from powertrain.analyze.metrics import METRICS
 from powertrain.report import figures as F
+from powertrain.report.powercap import add_powercap_section
 from powertrain.store.rundir import RunDir, dir_mode, file_mode
 from powertrain.store.tables import read_events
 from powertrain.store.targets import check_output_folder
@@ -448,6 +449,7 @@ def build_sweep_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS
                if stage_src == "profiler traces" else "."))
     else:
         rep.p("No phase events or profiler traces in these runs: the per-stage breakdown is skipped.", "note")
+    add_powercap_section(rep, fig_rows)  # only when a run of the sweep set a power limit or a clock lock
     _throughput_and_rankings(rep, rows)
     return rep.write()
 
