@@ -5,7 +5,8 @@ directory → predicted/measured − 1). Where the predictor's structure is wron
 on a machine — on a CPU with gloo, FSDP's per-layer all-gathers are predicted about twice too fast
 even after fitting — no global coefficient fixes it, and ranking by the raw prediction puts that
 family on top. So when those run directories are readable and ran the same job size on the same
-kind of device, each candidate of a measured **family** (TP, PP, CP, EP degrees and FSDP) has its
+kind of device, each candidate of a measured **family** (TP, PP, CP, EP degrees, FSDP, pipeline schedule
+and virtual stages) has its
 predicted tokens/s multiplied by that family's measured/predicted ratio (geometric mean over its
 runs), and its step time and J/token divided by it. Every corrected row says so (``anchor``); a
 family with no measured run keeps the raw prediction. ``--no-anchors`` turns it off.
@@ -21,24 +22,29 @@ from powertrain.predict import Calibration, Case, read_measured_run
 
 @dataclass(frozen=True)
 class Anchor:
-    family: tuple[int, int, int, int, bool]
+    family: Family
     factor: float  # measured tokens/s ÷ predicted tokens/s of the family's runs (geometric mean)
     runs: tuple[str, ...]
 
     def text(self) -> str:
-        tp, pp, cp, ep, fsdp = self.family
-        fam = "·".join(f"{k}{v}" for k, v in (("TP", tp), ("PP", pp), ("CP", cp), ("EP", ep)) if v > 1) or "DP"
-        return f"{fam}{'·FSDP' if fsdp else ''} ×{self.factor:.2f} ({len(self.runs)} measured run(s))"
+        tp, pp, cp, ep, fsdp, sched, vp = self.family
+        fam = "·".join(f"{k}{v}" for k, v in (("TP", tp), ("PP", pp), ("CP", cp), ("EP", ep), ("V", vp)) if v > 1)
+        sched_txt = f" {sched}" if pp > 1 else ""
+        return f"{fam or 'DP'}{'·FSDP' if fsdp else ''}{sched_txt} ×{self.factor:.2f} ({len(self.runs)} measured run(s))"
 
 
-def family(case: Case) -> tuple[int, int, int, int, bool]:
-    return (case.tp, case.pp, case.cp, case.ep, case.fsdp)
+Family = tuple[int, int, int, int, bool, str, int]
 
 
-def profile_anchors(cal: Calibration, world: int, transport: str) -> dict[tuple[int, int, int, int, bool], Anchor]:
+def family(case: Case) -> Family:
+    """What a measured run stands for: the degrees, FSDP, and (with a pipeline) its schedule."""
+    return (case.tp, case.pp, case.cp, case.ep, case.fsdp, case.pp_schedule if case.pp > 1 else "", case.vp)
+
+
+def profile_anchors(cal: Calibration, world: int, transport: str) -> dict[Family, Anchor]:
     """The families the profile's readable runs measured, for a job of ``world`` ranks on ``transport``."""
     per = (cal.error or {}).get("per_run") or {}
-    logs: dict[tuple[int, int, int, int, bool], list[tuple[float, str]]] = {}
+    logs: dict[Family, list[tuple[float, str]]] = {}
     for label, err in per.items():
         if not isinstance(err, (int, float)) or err <= -1:
             continue

@@ -97,14 +97,20 @@ def emit_spec(cand: Candidate, req: Request, path: Path, **kw: Any) -> list[str]
 def emit_sweep(cands: list[Candidate], req: Request, path: Path, name: str = "advise-confirm",
                backend: str | None = None, **kw: Any) -> list[str]:
     """Write the top N as one sweep (``cases``), in the advised order, for a confirmation run."""
-    cases, notes = [], []
+    cases: list[dict[str, Any]] = []
+    notes: list[str] = []
     base: dict[str, Any] | None = None
     for i, cand in enumerate(cands):
         spec, n = run_spec_dict(cand, req, name=f"top{i + 1}", **kw)
         notes += [f"top{i + 1}: {x}" for x in n]
         if base is None:
             base = {k: spec[k] for k in ("model", "hardware", "protocol")}
-        cases.append({"layout": spec["layout"], "knobs": spec["knobs"]})
+        case = {"layout": spec["layout"], "knobs": spec["knobs"]}
+        if case in cases:  # differs only in what the spec cannot hold: the same run
+            notes.append(f"top{i + 1}: the same run spec as top{cases.index(case) + 1} (it differs only in a knob "
+                         "the spec cannot hold); listed once")
+            continue
+        cases.append(case)
     assert base is not None
     sweep = {"name": name, "description": f"confirmation of advise's top {len(cands)} (advised order = case order)",
              "base": base, "grid": [{"cases": cases}],

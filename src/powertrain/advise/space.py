@@ -130,12 +130,15 @@ def _knob_variants(lay: dict[str, Any]) -> list[tuple[str, bool]]:
     return [(rc, d) for rc in RECOMPUTE for d in dist]
 
 
-def _overlaps(lay: dict[str, Any], dist: bool) -> list[dict[str, Any]]:
-    """Overlap flag combinations that can matter for this layout (others stay at their default)."""
+def _overlaps(lay: dict[str, Any], dist: bool, engine: str = "megatron") -> list[dict[str, Any]]:
+    """Overlap flag combinations that can matter for this layout (others stay at their default).
+
+    Parameter-gather overlap is a Megatron distributed-optimizer flag: the built-in trainer has no such
+    knob, so for ``builtin`` it is not a search axis (every knob real or refused)."""
     tp = (False, True) if lay["tp"] > 1 else (False,)
     dp = (False, True) if lay["dp"] * lay["cp"] > 1 and not lay["fsdp"] else (True,)
     fs = (False, True) if lay["fsdp"] else (True,)
-    pg = (False, True) if dist else (False,)
+    pg = (False, True) if dist and engine == "megatron" else (False,)
     return [{"overlap_tp": a, "overlap_dp": b, "overlap_fsdp": f, "overlap_param_gather": g}  # Any: for replace(**)
             for a in tp for b in dp for f in fs for g in pg]
 
@@ -195,7 +198,7 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
         local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0
         for mb in divisors(local) if local else [1]:
             knob_vars = _knob_variants(lay)
-            per_mem = [len(_overlaps(lay, d)) for _, d in knob_vars]
+            per_mem = [len(_overlaps(lay, d, req.engine)) for _, d in knob_vars]
             n_here = sum(per_mem) * n_power
             st.enumerated += n_here
             cfg = validation_config(req, lay, mb)
@@ -216,7 +219,7 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
                 if need > capacity:
                     st.rejected_memory += n_ov * n_power
                     continue
-                for ov in _overlaps(lay, dist):
+                for ov in _overlaps(lay, dist, req.engine):
                     for cap, lock in power:
                         knob_broken = knob_rules(req, cfg, lay, rc, dist, ov, cap, knob_cache)
                         if knob_broken:
@@ -272,5 +275,5 @@ def count_space(req: Request, coeffs: Coefficients) -> int:
     for lay in structures(req):
         local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0
         n_mb = len(divisors(local)) if local else 1
-        total += n_mb * n_power * sum(len(_overlaps(lay, d)) for _, d in _knob_variants(lay))
+        total += n_mb * n_power * sum(len(_overlaps(lay, d, req.engine)) for _, d in _knob_variants(lay))
     return total
