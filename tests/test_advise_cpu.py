@@ -2,7 +2,7 @@
 
 Calibrates a CPU profile on four real runs (DDP, FSDP, TP, PP), advises with it, runs the advised top 3 as a sweep and
 compares: the measured order is reported (agreement or the disagreement), and the advised #1 must be
-within 15 % of the best measured run. Runs are tiny (1 warm-up, 2 measured steps)."""
+within 15 % of the best measured run. Runs are tiny (1 warm-up, 4 measured steps; the median step is compared)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_advised_top1_is_within_15_percent_of_the_best_measured(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     log: list[str] = []
-    adv, conf = mod.check(tmp_path, steps=2, log=log)
+    adv, conf = mod.check(tmp_path, steps=4, log=log)
     assert len(adv.top) == 3
     measured = [r for r in conf.rows if r["tokens_per_s"] is not None]
     assert len(measured) == 3, conf.notes

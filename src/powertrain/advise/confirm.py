@@ -4,7 +4,8 @@ The sweep ``--emit FILE.yaml`` writes lists the top N as ``cases`` in the advise
 sweep's ``sweep.json`` holds them in that order (``index``). :func:`confirm` reads each finished
 run's measured step time (:func:`powertrain.predict.read_measured_run`, the same reader
 ``calibrate`` uses: step events of the measured window), ranks them by measured tokens/s and says
-whether the orders agree, and how far the advised #1 is from the best measured run.
+whether the orders agree, and how far the advised #1 is from the best measured run. Each run's
+step time is the median over its measured steps (the slowest rank's time per step).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from powertrain.plan.state import SweepState
 from powertrain.predict import read_measured_run
+from powertrain.store import read_events
 
 
 @dataclass
@@ -40,6 +42,22 @@ class Confirmation:
         return out + [f"note: {n}" for n in self.notes]
 
 
+def median_step_s(run_dir: Path) -> float:
+    """Median over the measured steps of the slowest rank's step time: on a shared machine one step
+    slowed by a neighbour moves a mean of a few steps by tens of percent, a median much less."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    ev = read_events(run_dir)
+    steps = ev.filter(pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured")))
+    step = np.asarray(steps["step"].to_pylist(), dtype=float)
+    dur = (np.asarray(steps["t_end_ns"].to_pylist(), dtype=float)
+           - np.asarray(steps["t_start_ns"].to_pylist(), dtype=float)) / 1e9
+    if not dur.size:
+        raise ValueError(f"{run_dir}: no measured step events")
+    return float(np.median([dur[step == s].max() for s in np.unique(step)]))
+
+
 def confirm(sweep_dir: str | os.PathLike[str]) -> Confirmation:
     """Compare the measured runs of a confirmation sweep with the advised order (its case order)."""
     folder = Path(sweep_dir)
@@ -55,9 +73,10 @@ def confirm(sweep_dir: str | os.PathLike[str]) -> Confirmation:
         row: dict[str, Any] = {"advised": i, "id": r["id"], "step_s": None, "tokens_per_s": None, "measured": None,
                                "why": None}
         try:
-            m = read_measured_run(folder / r["id"])
-            row["step_s"] = m.step_time_s
-            row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / m.step_time_s
+            m = read_measured_run(folder / r["id"])  # checks the run and gives its configuration
+            step = median_step_s(folder / r["id"])
+            row["step_s"] = step
+            row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / step
         except (OSError, ValueError) as exc:
             row["why"] = str(exc).splitlines()[0]
             notes.append(f"{r['id']}: {row['why']}")
