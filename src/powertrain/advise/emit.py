@@ -120,9 +120,9 @@ def emit_sweep(cands: list[Candidate], req: Request, path: Path, name: str = "ad
     return notes
 
 
-_RC = {"megatron": {"none": [], "selective": ["--recompute-activations"],
-                    "full": ["--recompute-granularity full", "--recompute-method block", "--recompute-num-layers {L}"]},
-       }
+# Megatron-LM's recompute flags per mode ({L}: layers per (virtual) stage, so "full" covers every layer)
+_MEGATRON_RC = {"none": [], "selective": ["--recompute-activations"],
+                "full": ["--recompute-granularity full", "--recompute-method block", "--recompute-num-layers {L}"]}
 
 
 def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
@@ -191,7 +191,7 @@ def _megatron(cand: Candidate, req: Request) -> str:
     if lay.fsdp:
         out.append("--use-torch-fsdp2")
     layers_per_stage = max(1, c.layers // max(1, lay.pp * lay.virtual_stages))
-    out += [f.format(L=layers_per_stage) for f in _RC["megatron"][c.recompute]]
+    out += [f.format(L=layers_per_stage) for f in _MEGATRON_RC[c.recompute]]
     if c.overlap_tp and lay.tp > 1:
         out.append("--tp-comm-overlap")
     if c.overlap_dp and not lay.fsdp:
