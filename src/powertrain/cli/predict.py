@@ -55,13 +55,15 @@ def predict_cmd(
 ) -> None:
     """Predict memory, step time, throughput, power, energy and temperature without running anything.
 
-    Every result is labelled a prediction, with its profile and the model's validation error.
-    With --out, each configuration becomes a run directory (kind "prediction") that `report` and
+    Every result is labelled a prediction, with its profile and the model's validation error. The
+    "tok/s 80% interval" column is where 80 % of runs the profile never saw fall: it comes from the
+    profile's leave-one-source-out errors (`benchmarks/predict_accuracy.py`), not from its fit. With --out, each configuration becomes a run directory (kind "prediction") that `report` and
     `compare` read like a measured run.
 
     CPU specs: the CPU's speed comes from the profile's host probe when the profile was fitted on CPU
-    runs (`powertrain calibrate`), so repeated calls give identical numbers; otherwise from a fresh
-    probe of this host, which varies with the host's load (a note says so).
+    runs (`powertrain calibrate`; another thread count scales its nearest probe), so repeated calls give
+    identical numbers on any machine; a profile with no probe takes a fresh probe of this host, which
+    varies with the host's load (a note says so).
 
     Examples:
 

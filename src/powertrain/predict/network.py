@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
+from powertrain.hardware.catalog import NodeSpec
 from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
 
@@ -65,19 +67,25 @@ class Fabric:
 
 def fabric(case: Case, c: Coefficients) -> Fabric:
     """The case's fabric: catalog link rates × achieved efficiencies, latencies × the latency scale."""
-    node = case.device.node
-    lat_scale = c.comm_latency_scale
-    extra = 0.0 if getattr(node, "rail_optimized", True) else NON_RAIL_EXTRA_LATENCY_S
+    return _fabric(case.device.node, case.devices_per_node, case._domain, case.device.transport,
+                   c.comm_eff_intra, c.comm_eff_inter, c.comm_latency_scale)
+
+
+@lru_cache(maxsize=1024)
+def _fabric(node: NodeSpec, dpn: int, domain: int, transport: str, eff_intra: float, eff_inter: float,
+            lat_scale: float) -> Fabric:
+    # cached: a sweep predicts thousands of cases on a handful of fabrics
+    extra = 0.0 if node.rail_optimized else NON_RAIL_EXTRA_LATENCY_S
     return Fabric(
-        up_bw=node.intra_node_bw * c.comm_eff_intra,
+        up_bw=node.intra_node_bw * eff_intra,
         up_lat=node.intra_node_latency * lat_scale,
-        nic_share=node.nic_count * node.nic_bw / max(1, case.devices_per_node) * c.comm_eff_inter,
+        nic_share=node.nic_count * node.nic_bw / max(1, dpn) * eff_inter,
         out_lat=(node.inter_node_latency + extra) * lat_scale,
-        domain=case._domain,
-        nvls=bool(getattr(node, "nvls", False)) and case.device.transport == "nccl",
-        pod_devices=int(getattr(node, "pod_devices", 0) or 0),
-        oversubscription=float(getattr(node, "oversubscription", 1.0) or 1.0),
-        tree=case.device.transport == "nccl",
+        domain=domain,
+        nvls=node.nvls and transport == "nccl",
+        pod_devices=node.pod_devices,
+        oversubscription=node.oversubscription or 1.0,
+        tree=transport == "nccl",
     )
 
 
