@@ -240,3 +240,19 @@ def test_a_placement_goes_into_the_emitted_spec(tmp_path):
     cfg = load_run_config(tmp_path / "placed.yaml")
     assert cfg.launch.device_order == pl.device_order and cfg.layout.pp_split == pl.pp_split
     assert cfg.layout.pp_split != [10] * 8 and validate(cfg) == []
+
+
+def test_cli_json_is_one_object_with_the_top_and_the_space():
+    import json
+
+    from typer.testing import CliRunner
+
+    from powertrain.cli import app
+
+    res = CliRunner().invoke(app, ["advise", "-m", "llama3-tiny", "--hardware", "h100", "-g", "4", "-b", "8",
+                                   "--max-vp", "2", "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert [t["rank"] for t in d["top"]] == [1, 2] and d["space"]["enumerated"] >= d["space"]["predicted"] > 0
+    lo, hi = d["top"][0]["tokens_per_s_interval"]
+    assert lo < d["top"][0]["metrics"]["tokens_per_s"] < hi
