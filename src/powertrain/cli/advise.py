@@ -246,6 +246,7 @@ def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None = None) -> No
     try:
         if target.endswith((".yaml", ".yml")):
             path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)  # `--emit out/top.yaml` in a fresh folder
             notes = emit_spec(first, req, path, **extra)
             sweep = path.with_name(f"{path.stem}-sweep{path.suffix}")
             emit_sweep([r.point.cand for r in adv.top], req, sweep)
