@@ -2,7 +2,7 @@
 
 Calibrates a CPU profile on four real runs (DDP, FSDP, TP, PP), advises with it, runs the advised top 3 as a sweep and
 compares: the measured order is reported (agreement or the disagreement), and the advised #1 must be
-within 15 % of the best measured run. Runs are tiny (1 warm-up, 4 measured steps; the median step is compared)."""
+within 15 % of the best measured run. Runs are tiny (1 warm-up, 4 measured steps; the fastest step of each run is compared, as interference on a shared host only adds time)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ sweep's ``sweep.json`` holds them in that order (``index``). :func:`confirm` rea
 run's measured step time (:func:`powertrain.predict.read_measured_run`, the same reader
 ``calibrate`` uses: step events of the measured window), ranks them by measured tokens/s and says
 whether the orders agree, and how far the advised #1 is from the best measured run. Each run's
-step time is the median over its measured steps (the slowest rank's time per step).
+step time is the median over its measured steps (the slowest rank's time per step), or with
+``statistic="min"`` the fastest one: on a machine shared with other work, interference only ever
+adds time, so the fastest step of a few is the steadier estimate of the configuration's own speed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from powertrain.plan.state import SweepState
 from powertrain.predict import read_measured_run
@@ -42,9 +44,9 @@ class Confirmation:
         return out + [f"note: {n}" for n in self.notes]
 
 
-def median_step_s(run_dir: Path) -> float:
-    """Median over the measured steps of the slowest rank's step time: on a shared machine one step
-    slowed by a neighbour moves a mean of a few steps by tens of percent, a median much less."""
+def median_step_s(run_dir: Path, statistic: Literal["median", "min"] = "median") -> float:
+    """Median (or minimum) over the measured steps of the slowest rank's step time: on a shared machine
+    one step slowed by a neighbour moves a mean of a few steps by tens of percent, a median much less."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -55,10 +57,11 @@ def median_step_s(run_dir: Path) -> float:
            - np.asarray(steps["t_start_ns"].to_pylist(), dtype=float)) / 1e9
     if not dur.size:
         raise ValueError(f"{run_dir}: no measured step events")
-    return float(np.median([dur[step == s].max() for s in np.unique(step)]))
+    per_step = [dur[step == s].max() for s in np.unique(step)]
+    return float(np.min(per_step) if statistic == "min" else np.median(per_step))
 
 
-def confirm(sweep_dir: str | os.PathLike[str]) -> Confirmation:
+def confirm(sweep_dir: str | os.PathLike[str], statistic: Literal["median", "min"] = "median") -> Confirmation:
     """Compare the measured runs of a confirmation sweep with the advised order (its case order)."""
     folder = Path(sweep_dir)
     state = SweepState.load(folder)
@@ -74,7 +77,7 @@ def confirm(sweep_dir: str | os.PathLike[str]) -> Confirmation:
                                "why": None}
         try:
             m = read_measured_run(folder / r["id"])  # checks the run and gives its configuration
-            step = median_step_s(folder / r["id"])
+            step = median_step_s(folder / r["id"], statistic)
             row["step_s"] = step
             row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / step
         except (OSError, ValueError) as exc:
