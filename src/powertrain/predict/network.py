@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from powertrain.hardware.catalog import NodeSpec
 from powertrain.predict.calibration import Coefficients
@@ -89,21 +90,18 @@ def _fabric(node: NodeSpec, dpn: int, domain: int, transport: str, eff_intra: fl
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
-    """A communicator: ``size`` ranks spaced ``stride`` apart; ``in_domain`` of them share one's domain."""
+class Group(NamedTuple):
+    """A communicator: ``size`` ranks; ``in_domain`` of them share one's domain; ``domains`` it spans."""
 
     size: int
     in_domain: int
     span: int  # consecutive ranks the group covers (stride × size)
-
-    @property
-    def domains(self) -> int:
-        return max(1, self.size // max(1, self.in_domain))
+    domains: int = 1
 
 
 def group(case: Case, stride: int, size: int) -> Group:
-    return Group(size=size, in_domain=case.peers_in_domain(stride, size) if size > 1 else 1, span=stride * size)
+    n_in = case.peers_in_domain(stride, size) if size > 1 else 1
+    return Group(size, n_in, stride * size, max(1, size // n_in))
 
 
 def _scale_out_bw(f: Fabric, g: Group) -> float:
