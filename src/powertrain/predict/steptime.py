@@ -457,10 +457,9 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
 
     if case.lora:
         return 0.0, 0.0  # frozen weights: no gradient reduction (adapter gradients are negligible)
-    if case.fsdp and case.fsdp_per_param:
+    if case.fsdp and case.fsdp_per_param and g_d.domains > 1:
         # one channel per small collective: a ring per rank on its own NIC share (in_domain = 1)
-        if g_d.domains > 1:
-            g_d = net.Group(g_d.size, 1, g_d.span, g_d.size)
+        g_d = net.Group(g_d.size, 1, g_d.span, g_d.size)
     if case.fsdp:
         ag = half(dense_dev * 2, expert_dev * 2)
         rs = half(dense_dev * grad_b, expert_dev * grad_b)
