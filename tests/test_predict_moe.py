@@ -80,3 +80,10 @@ def test_published_records_get_the_architecture_by_name() -> None:
     runs = [r for r in load_published() if r.case is not None and "Qwen3-30B" in str(r.raw and r.raw["model"]["name"])]
     assert runs and all(r.case.head_dim == 128 for r in runs if r.case)
     assert {r.case.recipe for r in runs if r.case} >= {"mxfp8", "current"}
+
+
+def test_model_names_match_as_people_write_them() -> None:
+    assert architecture_details("DeepSeek V3 (671B)")["kv_lora_rank"] == 512
+    assert architecture_details("deepseek_v2_lite")["dense_layers"] == 1
+    assert architecture_details("Qwen3 30B-A3B") == {"head_dim": 128}
+    assert architecture_details("Llama-3.1 405B") == {}

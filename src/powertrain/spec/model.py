@@ -146,9 +146,12 @@ ARCHITECTURE_DETAILS: dict[str, dict[str, int]] = {
 def architecture_details(name: str | None) -> dict[str, int]:
     """The extra architecture fields of a public model named ``name`` (free text: "DeepSeek-V3 671B",
     "Qwen3-30B-A3B"), or {} when the name is not one of them. The longest matching key wins."""
-    key = "".join(ch for ch in str(name or "").lower() if ch.isalnum() or ch in ".-")
+    def norm(text: str) -> str:  # "DeepSeek V3", "deepseek-v3", "DeepSeek_V3" read alike
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    key = norm(str(name or ""))
     best = ""
     for k in ARCHITECTURE_DETAILS:
-        if k in key and len(k) > len(best):
+        if norm(k) in key and len(k) > len(best):
             best = k
     return dict(ARCHITECTURE_DETAILS[best]) if best else {}
