@@ -124,6 +124,9 @@ def device_power(dev: DeviceSpec, c: Coefficients, step_s: float, compute_s: flo
     p_c, p_m, p_w = phase_powers(dev, c)
     if clock < 1.0:  # dynamic power at reduced clocks
         p_c = dev.idle_w + (p_c - dev.idle_w) * clock ** clock_exponent(c)
+        # the clock was lowered until the compute phase draws the limit: the power controller holds
+        # every other phase at or under that limit too
+        p_m, p_w = min(p_m, p_c), min(p_w, p_c)
     compute_s = min(compute_s, step_s)
     memory_s = min(memory_s, step_s - compute_s)
     comm_s = min(max(0.0, comm_s), step_s - compute_s - memory_s)
