@@ -67,7 +67,7 @@ CASES = {
 def launch(world: int, folder: Path) -> dict[str, list[float]]:
     cases, out = folder / "cases.json", folder / "losses.json"
     cases.write_text(json.dumps(CASES[world]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+    cmd = [sys.executable, "-m", "powertrain.launch.torchrun", "--standalone", f"--nproc_per_node={world}",
            "-m", "powertrain.workload.equivalence", str(cases), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

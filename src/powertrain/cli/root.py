@@ -21,6 +21,7 @@ import typer
 from typer.core import TyperGroup
 
 from powertrain.diagnostics import show_on_stderr
+from powertrain.fast_exit import skip_final_collection
 
 PREFIX = "powertrain: error: "
 DEBUG_ENV = "POWERTRAIN_DEBUG"
@@ -198,4 +199,5 @@ def log_level(verbose: int, quiet: bool) -> int:
 
 def main() -> None:
     """The ``powertrain`` console script (errors: see the module doc)."""
+    skip_final_collection()  # `run`, `predict` and the probes import torch: its exit-time GC costs seconds
     app()

@@ -252,7 +252,7 @@ def torchrun_command(cfg: RunConfig, spec_path: Path, *, nnodes: int = 1, node_r
     else:
         where = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}",
                  f"--master_port={master_port}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where,
+    return [sys.executable, "-m", "powertrain.launch.torchrun", *where,
             f"--nproc_per_node={cfg.hardware.devices_per_node}", "--monitor-interval=0.2",
             "-m", "powertrain.workload.train", "--spec", str(spec_path)]
 

@@ -102,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         log.error("%s", __doc__)
         return 2
+    from powertrain.fast_exit import skip_final_collection
     from powertrain.workload.train import init_distributed
 
+    skip_final_collection()
     init_distributed()
     cases = json.loads(Path(argv[0]).read_text())
     losses = run_cases(cases)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from powertrain import hooks
 from powertrain.diagnostics import show_on_stderr
+from powertrain.fast_exit import skip_final_collection
 from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.store.rundir import file_mode, write_json_atomic
 from powertrain.workload.mesh import device_type
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m powertrain.workload.train", description=__doc__)
     p.add_argument("--spec", type=Path, required=True, help="resolved run spec (JSON or YAML)")
     args = p.parse_args(argv)
+    skip_final_collection()
     rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(os.environ[hooks.RUN_DIR_ENV]) if os.environ.get(hooks.RUN_DIR_ENV) else None
     console = None
