@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -174,11 +175,9 @@ def _probe_identity(threads: int) -> dict[str, Any]:
     import platform
     import socket
 
-    try:
-        import torch
-
-        torch_version = str(torch.__version__)
-    except ImportError:
+    try:  # the installed version, read without importing torch (seconds of CPU in a short CLI call)
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
         torch_version = None
     return {"host": socket.gethostname(), "machine": platform.machine(), "processor": platform.processor(),
             "cores": host_cores(), "threads": threads, "torch": torch_version}
