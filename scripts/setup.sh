@@ -48,6 +48,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   .venv/bin/python -c 'import torch, powertrain; print(f"setup: torch {torch.__version__}, powertrain {powertrain.__version__}")'
   echo "$digest" > "$stamp"
 fi
+# Byte-compile the editable sources (only what changed): with PYTHONDONTWRITEBYTECODE set, as on these
+# machines, every short-lived process (CLI call, sampler, rank) would otherwise compile them again.
+.venv/bin/python -m compileall -q src >/dev/null
 
 if [ "$want_system" = 1 ]; then
   missing=()
