@@ -106,14 +106,14 @@ def cpu_hogs(n: int) -> Iterator[None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hogs", [0, os.cpu_count() or 1], ids=["quiet", "loaded"])  # one hog a core
-def test_rank_that_raises_fails_the_run_with_its_traceback(tmp_path, hogs):
-    # Loaded, torchrun often stops rank 1 (SIGTERM) before rank 1 notices its peer is gone and raises
-    # itself; quiet, rank 1 usually raises first. Either way rank 0 is the cause and rank 1 follows.
+def test_rank_that_raises_fails_the_run_with_its_traceback(tmp_path):
+    # Under load (a CPU hog beside the suite's own work), torchrun often stops rank 1 (SIGTERM) before
+    # rank 1 notices its peer is gone and raises itself; on a quiet machine rank 1 usually raises first.
+    # Either way rank 0 is the cause and rank 1 follows (both orders: the unit test below).
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", layout={}, protocol={"warmup_steps": 1, "measured_steps": 20},
                       profile={"enabled": False})
-    with cpu_hogs(hogs):
+    with cpu_hogs(1):
         res = powertrain("run", spec, "--out", str(out), env={"POWERTRAIN_FAULT": "0:2"}, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]
     info = json.loads((out / "run.json").read_text())
