@@ -147,3 +147,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slurm") is not None:
             item.add_marker(pytest.mark.xdist_group("slurm"))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order kept
+
+
+def _pp_run(folder: Path) -> dict[str, str]:
+    import yaml
+
+    spec = folder / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "pp1f1b", "model": {"name": "llama-test", "family": "llama", "layers": 4, "hidden": 32, "ffn": 64,
+                                    "heads": 4, "kv_heads": 2, "vocab": 128, "seq_len": 16},
+        "layout": {"pp": 2, "pp_schedule": "1f1b"}, "knobs": {"micro_batch": 1, "global_batch": 4},
+        "hardware": {"devices_per_node": 2}, "protocol": {"warmup_steps": 2, "measured_steps": 3},
+        "profile": {"enabled": True}}))
+    res = subprocess.run([sys.executable, "-m", "powertrain.cli", "run", str(spec), "--out", str(folder / "run"),
+                          "--rate", "10"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {"run": str(folder / "run"), "stderr": res.stderr[-5000:]}
+
+
+@pytest.fixture(scope="module")
+def pp_launch(build_once: Callable[[str, Callable[[Path], object]], object]) -> object:
+    """A real 2-rank 1F1B run (a 4-layer Llama, 4 micro-batches, 2 warm-up + 3 measured steps, step 1
+    profiled) under `powertrain run`, once per session: its folder and the command's stderr. Used by
+    test_workload_trainer (the 1F1B pattern) and test_workload_run (a complete run directory)."""
+    return build_once("pp1f1b", _pp_run)

@@ -64,9 +64,19 @@ CASES = {
 }
 
 
+# The 2-rank launch also carries test_knob_walk's trainer-knob cases (names prefixed ``knob.``): one
+# torchrun fewer, seconds of start-up on a busy 2-core host.
+KNOB_PREFIX = "knob."
+
+
 def launch(world: int, folder: Path) -> dict[str, list[float]]:
     cases, out = folder / "cases.json", folder / "losses.json"
-    cases.write_text(json.dumps(CASES[world]))
+    todo = list(CASES[world])
+    if world == 2:
+        from test_knob_walk import CASES as KNOB_CASES
+
+        todo += [{**c, "name": KNOB_PREFIX + c["name"]} for c in KNOB_CASES]
+    cases.write_text(json.dumps(todo))
     cmd = [sys.executable, "-m", "powertrain.launch.torchrun", "--standalone", f"--nproc_per_node={world}",
            "-m", "powertrain.workload.equivalence", str(cases), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

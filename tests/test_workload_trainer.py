@@ -129,29 +129,9 @@ def test_protocol_windows_and_minimum_measured_time(tmp_path):
     assert (steps[-1]["t_end_ns"] - steps[0]["t_start_ns"]) / 1e9 >= 0.3  # the window lasts long enough
 
 
-def _pp_run(folder: Path) -> str:
-    import os
-    import subprocess
-    import sys
-
-    import yaml
-
-    spec = folder / "s.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "pp1f1b", "model": "llama3-tiny", "layout": {"pp": 2, "pp_schedule": "1f1b"},
-        "knobs": {"micro_batch": 1, "global_batch": 4}, "hardware": {"devices_per_node": 2},
-        "protocol": {"warmup_steps": 1, "measured_steps": 2}}))
-    res = subprocess.run([sys.executable, "-m", "powertrain.cli", "run", str(spec), "--out", str(folder / "run"),
-                          "--rate", "10"], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return str(folder / "run")
-
-
 @pytest.fixture(scope="module")
-def pp_run(build_once):
-    """A real 2-rank 1F1B run (llama3-tiny, 4 micro-batches) under `powertrain run`, once per session."""
-    return Path(build_once("pp1f1b", _pp_run))
+def pp_run(pp_launch) -> Path:
+    return Path(pp_launch["run"])
 
 
 N_MICRO = 4
