@@ -126,8 +126,10 @@ def _sweep_powers():
     root = Path(__file__).resolve().parents[1]
     for e in expand(load_sweep_spec(root / "examples" / "study-h200-microbatch.yaml")):
         if e.config is None:
-            continue  # the one invalid point (micro-batch × dp > global batch), as in the study
+            continue
         case = case_from_run_config(e.config)
+        if case.micro_batch * case.dp > case.global_batch:
+            continue  # the one invalid point (micro-batch × dp > global batch), as in the study: predict refuses it
         clock = clock_factor(case.device, c, case.power_limit_w)
         pw = step_power(case.device, c, step_time(case, c, clock), clock)
         out[(e.config.model.name, e.config.layout.label())].append((case.micro_batch, pw))

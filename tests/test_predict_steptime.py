@@ -216,3 +216,48 @@ def test_step_time_is_the_sum_of_its_parts() -> None:
     r = compute_rates(case, C)
     busy = pipeline_time(case, C, r, _layer(case), head_time(case, r)).busy
     assert st.total_s == pytest.approx(busy + parts)
+
+
+def _zero3(**kw: object) -> Case:
+    """GPT-3 175B with DeepSpeed ZeRO-3 and no model parallelism on 384 A100s (Narayanan et al. 2021, Table 2)."""
+    base = dict(layers=96, hidden=12288, ffn=49152, heads=96, kv_heads=96, vocab=51200, seq_len=2048, tp=1, pp=1,
+                dp=384, micro_batch=4, global_batch=1536, precision="fp16", fsdp=True, fsdp_per_param=True,
+                overlap_fsdp=True, device=get_device("a100-sxm4-80gb"), nodes=48, devices_per_node=8)
+    base.update(kw)
+    return Case(**base)  # type: ignore[arg-type]
+
+
+def test_deepspeed_zero3_prefetches_its_gathers_behind_compute() -> None:
+    """ZeRO-3 prefetches parameters (stage3_prefetch_bucket_size, overlap_comm) like FSDP: with prefetch
+    on, the exposed gather/reduce time is smaller than the same traffic without it."""
+    sh = shape_of(_zero3())
+    params = local_parameters(_zero3(), sh)
+    slow = 30.0  # seconds of one micro-batch's fwd + bwd: enough compute to hide gathers behind
+    hidden = data_parallel_time(_zero3(), C, params, slow)[1]
+    exposed = data_parallel_time(_zero3(overlap_fsdp=False), C, params, slow)[1]
+    assert 0.0 < hidden < 0.8 * exposed
+
+
+def test_deepspeed_zero3_reduces_gradients_in_16_bits() -> None:
+    """Without overlap the exposed traffic is the forward gather, the backward gather and the gradient
+    reduce-scatter, each 2 B per parameter for DeepSpeed (its communication dtype is the model's), on
+    each rank's own NIC share; plus the first layer's gather of the next step."""
+    from powertrain.predict import network as net
+
+    case = _zero3(overlap_fsdp=False)
+    params = local_parameters(case, shape_of(case))
+    ds = data_parallel_time(case, C, params, 1.0)[1]
+    one_nic = net.Group(case.dp, 1, case.dp, case.dp)
+    x = net.reduce_scatter(net.fabric(case, C), one_nic, 2 * params.dense)
+    assert ds == pytest.approx((3 + 1 / case.layers) * x, rel=1e-4)  # (+ the empty expert group's latency)
+    fsdp2 = data_parallel_time(replace(case, fsdp_per_param=False), C, params, 1.0)[1]
+    assert fsdp2 < ds  # FSDP2 stripes the node's NICs: faster even with 4-byte gradients
+
+
+def test_a_micro_batch_larger_than_the_replica_batch_is_refused_not_costed_as_a_whole_one() -> None:
+    """Global batch 128 over dp 32 is 4 samples per replica: micro-batch 8 cannot run (it used to be floored
+    at one micro-batch, costing 8 samples for 4 and halving the predicted throughput)."""
+    ok = _llama(tp=1, pp=1, dp=32, micro_batch=4, global_batch=128)
+    assert ok.micro_batches == 1
+    with pytest.raises(ValueError, match=r"global_batch \(128\).*micro_batch ≤ 4"):
+        step_time(replace(ok, micro_batch=8), C)

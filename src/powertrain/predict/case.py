@@ -81,10 +81,10 @@ class Case:
     overlap_dp: bool = True
     overlap_fsdp: bool = True
     overlap_param_gather: bool = False
-    overlap_ep: bool = False
-    # FSDP that gathers parameter by parameter (DeepSpeed ZeRO-3, 2021): each small collective gets one NCCL
-    # channel, so one NIC (no striping), and nothing is prefetched
-    fsdp_per_param: bool = False  # EP dispatcher overlap (all-to-all hidden behind another micro-batch's compute)
+    overlap_ep: bool = False  # EP dispatcher overlap (all-to-all hidden behind another micro-batch's compute)
+    # FSDP that gathers parameter by parameter (DeepSpeed ZeRO-3, 2021): each rank's collectives run on its
+    # own NIC share (no striping over the node's NICs); prefetched like FSDP; gradients reduced in 16 bits
+    fsdp_per_param: bool = False
     power_limit_w: float | None = None
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
@@ -124,8 +124,17 @@ class Case:
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches per step per pipeline (gradient-accumulation steps)."""
-        return max(1, self.global_batch // (self.micro_batch * self.dp))
+        """Micro-batches per step per pipeline (gradient-accumulation steps).
+
+        A replica runs whole micro-batches: a global batch smaller than micro_batch × dp cannot run (it
+        used to be floored at one micro-batch, costing a full micro-batch for part of one)."""
+        per_step = self.micro_batch * self.dp
+        if self.global_batch < per_step:
+            alt = f" or micro_batch ≤ {self.global_batch // self.dp}" if self.global_batch >= self.dp else ""
+            raise ValueError(
+                f"global_batch ({self.global_batch}) is smaller than micro_batch × dp ({self.micro_batch} × {self.dp}):"
+                f" each data-parallel replica needs a whole micro-batch; use global_batch ≥ {per_step}{alt}")
+        return self.global_batch // per_step
 
     def peers_in_domain(self, stride: int, size: int) -> int:
         """Members of such a group (including oneself) inside one's NVLink domain."""

@@ -46,6 +46,7 @@ from powertrain.predict.memory import rank_layers
 
 OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
 GRAD_BYTES = 4.0  # bytes per gradient value reduced across data-parallel ranks (fp32)
+ZERO3_GRAD_BYTES = 2.0  # DeepSpeed ZeRO-3: gradients reduce-scattered in the 16-bit training dtype
 _ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element
 # Latencies a gloo collective call pays on top of its ring steps on a host CPU: the rendezvous
 # round trip (announce, wait for the peer) before any data moves.
@@ -448,7 +449,9 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
     g_d = net.group(case, case.tp, params.dense_group)
     e_stride = moe.expert_dp(case)[0] if case.is_moe else case.tp * case.cp * case.ep
     g_e = net.group(case, e_stride, params.expert_group)
-    grad_b = GRAD_BYTES
+    # DeepSpeed ZeRO-3 reduce-scatters gradients in the model's 16-bit dtype (its communication_data_type
+    # defaults to the parameters' dtype); Megatron and FSDP2 reduce fp32 gradients
+    grad_b = ZERO3_GRAD_BYTES if case.fsdp_per_param else GRAD_BYTES
     t_f_stage = slowest_rank / 3  # ~ forward share of one micro-batch on the critical rank
     t_b_stage = slowest_rank - t_f_stage
 
@@ -463,7 +466,9 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
     if case.fsdp:
         ag = half(dense_dev * 2, expert_dev * 2)
         rs = half(dense_dev * grad_b, expert_dev * grad_b)
-        ovl = c.overlap_eff if case.overlap_fsdp and not case.fsdp_per_param else 0.0
+        # FSDP prefetches the next layer's gather; DeepSpeed ZeRO-3 too (stage3_prefetch_bucket_size, its
+        # overlap_comm defaults on for stage 3: ZeRO-Infinity's overlap-centric design, SC'21 §6)
+        ovl = c.overlap_eff if case.overlap_fsdp else 0.0
         per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag + rs - ovl * t_b_stage)
         return 0.0, case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))
     if case.distributed_optimizer:
