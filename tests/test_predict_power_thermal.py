@@ -149,7 +149,7 @@ def test_peak_power_strictly_rises_with_micro_batch_for_every_layout_of_the_swee
 
 
 @pytest.mark.xfail(strict=True, reason="issue 15 open: predicted node power is 11.2 % under the measured mean "
-                   "(6082 vs 6849 W) because the predicted step is ~12 % slower than measured; strict, so it "
+                   "(6084 vs 6849 W) because the predicted step is ~12 % slower than measured; strict, so it "
                    "fails loudly once the step-time model closes the gap")
 def test_mlperf_node_power_within_ten_percent() -> None:
     """The MLPerf v4.0 GPT-3 512×H100 run: predicted node power (8 GPUs + host) vs the measured AC mean."""
