@@ -55,3 +55,22 @@ def test_the_fastest_step_ignores_a_step_a_neighbour_slowed(tmp_path):
 def test_a_folder_without_sweep_json_names_the_fix(tmp_path):
     with pytest.raises(ValueError, match="powertrain sweep"):
         confirm(tmp_path)
+
+
+def test_a_repeated_sweep_counts_each_configuration_at_its_faster_run(tmp_path):
+    first = _sweep(tmp_path / "1", {"a": [1.5] * 3, "b": [1.2] * 3})  # a's whole run slowed by a neighbour
+    again = _sweep(tmp_path / "2", {"a": [1.0] * 3, "b": [1.3] * 3})
+    alone = confirm(first, statistic="min")
+    assert not alone.agree and alone.top1_gap == pytest.approx(0.25)
+    both = confirm(first, statistic="min", repeats=[again])
+    assert both.agree and both.top1_gap == pytest.approx(0.0)
+    assert [r["runs"] for r in both.rows] == [2, 2]
+    assert [r["step_s"] for r in both.rows] == pytest.approx([1.0, 1.2])
+    assert "the faster of 2 runs" in both.lines()[0]
+
+
+def test_a_repeat_of_another_sweep_is_noted(tmp_path):
+    first = _sweep(tmp_path / "1", {"a": [1.0] * 3})
+    other = _sweep(tmp_path / "2", {"z": [1.0] * 3})
+    conf = confirm(first, repeats=[other])
+    assert conf.rows[0]["runs"] == 1 and any("must run the same emitted sweep" in n for n in conf.notes)

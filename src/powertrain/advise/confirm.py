@@ -8,11 +8,13 @@ whether the orders agree, and how far the advised #1 is from the best measured r
 step time is the median over its measured steps (the slowest rank's time per step), or with
 ``statistic="min"`` the fastest one: on a machine shared with other work, interference only ever
 adds time, so the fastest step of a few is the steadier estimate of the configuration's own speed.
+For the same reason a sweep that ran again (``repeats``) counts each configuration at its faster run.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +33,8 @@ class Confirmation:
 
     def lines(self) -> list[str]:
         out = [f"advised #{r['advised']}: {r['id']}: "
-               + (f"{r['tokens_per_s']:,.1f} tok/s measured (step {r['step_s']:.4g} s), measured rank "
+               + (f"{r['tokens_per_s']:,.1f} tok/s measured (step {r['step_s']:.4g} s"
+                  f"{', the faster of ' + str(r['runs']) + ' runs' if r.get('runs', 1) > 1 else ''}), measured rank "
                   f"#{r['measured']}" if r["tokens_per_s"] is not None else f"not measured ({r['why']})")
                for r in self.rows]
         out.append("measured order agrees with the advised order" if self.agree else
@@ -61,28 +64,37 @@ def median_step_s(run_dir: Path, statistic: Literal["median", "min"] = "median")
     return float(np.min(per_step) if statistic == "min" else np.median(per_step))
 
 
-def confirm(sweep_dir: str | os.PathLike[str], statistic: Literal["median", "min"] = "median") -> Confirmation:
-    """Compare the measured runs of a confirmation sweep with the advised order (its case order)."""
-    folder = Path(sweep_dir)
-    state = SweepState.load(folder)
-    if state is None:
-        raise ValueError(f"{folder}: no sweep.json; run the emitted sweep first (powertrain sweep FILE-sweep.yaml "
-                         "--out DIR)")
-    runs = sorted((r for r in state.runs if r.get("status") not in ("rejected", "duplicate", "unsupported")),
-                  key=lambda r: r.get("index", 0))
+def confirm(sweep_dir: str | os.PathLike[str], statistic: Literal["median", "min"] = "median",
+            repeats: Sequence[str | os.PathLike[str]] = ()) -> Confirmation:
+    """Compare the measured runs of a confirmation sweep with the advised order (its case order).
+
+    ``repeats``: folders where the same emitted sweep ran again. A configuration's step is then the
+    shortest over all its runs (each taken with ``statistic``): interference only adds time, so the
+    faster of two runs minutes apart is the closer estimate of the configuration's own speed.
+    """
+    folders = [Path(sweep_dir), *(Path(f) for f in repeats)]
+    sweeps = [_finished_runs(f) for f in folders]
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for i, r in enumerate(runs, 1):
+    for i, r in enumerate(sweeps[0], 1):
         row: dict[str, Any] = {"advised": i, "id": r["id"], "step_s": None, "tokens_per_s": None, "measured": None,
-                               "why": None}
-        try:
-            m = read_measured_run(folder / r["id"])  # checks the run and gives its configuration
-            step = median_step_s(folder / r["id"], statistic)
-            row["step_s"] = step
-            row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / step
-        except (OSError, ValueError) as exc:
-            row["why"] = str(exc).splitlines()[0]
-            notes.append(f"{r['id']}: {row['why']}")
+                               "why": None, "runs": 0}
+        for folder, runs in zip(folders, sweeps, strict=True):
+            same = next((x for x in runs if x["id"] == r["id"]), None)
+            if same is None:
+                notes.append(f"{folder}: {r['id']} is not in this sweep (a repeat must run the same emitted sweep)")
+                continue
+            try:
+                m = read_measured_run(folder / r["id"])  # checks the run and gives its configuration
+                step = median_step_s(folder / r["id"], statistic)
+            except (OSError, ValueError) as exc:
+                row["why"] = str(exc).splitlines()[0]
+                notes.append(f"{folder / r['id']}: {row['why']}")
+                continue
+            row["runs"] += 1
+            if row["step_s"] is None or step < row["step_s"]:
+                row["step_s"] = step
+                row["tokens_per_s"] = m.case.global_batch * m.case.seq_len / step
         rows.append(row)
     done = [r for r in rows if r["tokens_per_s"] is not None]
     for rank, r in enumerate(sorted(done, key=lambda r: -r["tokens_per_s"]), 1):
@@ -92,3 +104,12 @@ def confirm(sweep_dir: str | os.PathLike[str], statistic: Literal["median", "min
     if done and rows[0]["tokens_per_s"] is not None:
         gap = max(r["tokens_per_s"] for r in done) / rows[0]["tokens_per_s"] - 1
     return Confirmation(rows, agree, gap, notes)
+
+
+def _finished_runs(folder: Path) -> list[dict[str, Any]]:
+    state = SweepState.load(folder)
+    if state is None:
+        raise ValueError(f"{folder}: no sweep.json; run the emitted sweep first (powertrain sweep FILE-sweep.yaml "
+                         "--out DIR)")
+    return sorted((r for r in state.runs if r.get("status") not in ("rejected", "duplicate", "unsupported")),
+                  key=lambda r: r.get("index", 0))
