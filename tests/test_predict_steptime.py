@@ -201,6 +201,24 @@ def test_data_parallel_exposes_less_with_overlap_and_nothing_alone_or_with_lora(
     assert data_parallel_time(alone, C, local_parameters(alone, shape_of(alone)), 1.0) == (0.0, 0.0)
 
 
+def test_the_trainers_zero1_adds_one_broadcast_per_parameter_tensor_to_the_all_reduce() -> None:
+    """powertrain's trainer shards optimizer states by owner and broadcasts each updated parameter
+    (workload/parallel/zero.py), after the same gradient all-reduce as plain DDP: it costs the DDP
+    reduction plus a call per tensor — unlike Megatron's reduce-scatter + all-gather, which costs no
+    more than the all-reduce (less: the gather moves 16-bit parameters, the reduction fp32 gradients)."""
+    case = _llama(tp=1, pp=1, dp=8, layers=8, global_batch=64, nodes=1, overlap_dp=False)
+    params = local_parameters(case, shape_of(case))
+    ddp, _ = data_parallel_time(case, C, params, 1.0)
+    megatron, _ = data_parallel_time(replace(case, distributed_optimizer=True), C, params, 1.0)
+    trainer, _ = data_parallel_time(replace(case, distributed_optimizer=True, owner_broadcast_optimizer=True),
+                                    C, params, 1.0)
+    assert megatron <= ddp < trainer
+    deeper = replace(case, layers=16)
+    more_tensors, _ = data_parallel_time(replace(deeper, distributed_optimizer=True, owner_broadcast_optimizer=True),
+                                         C, local_parameters(deeper, shape_of(deeper)), 1.0)
+    assert more_tensors > trainer
+
+
 def test_optimizer_time_shrinks_when_states_are_sharded() -> None:
     case = _llama(tp=1, pp=1, dp=64, layers=8, global_batch=64)
     params, r = local_parameters(case, shape_of(case)), compute_rates(case, C)

@@ -264,7 +264,8 @@ def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist:
     return replace(base, tp=lay["tp"], pp=lay["pp"], cp=lay["cp"], dp=lay["dp"], ep=lay["ep"], fsdp=lay["fsdp"],
                    sequence_parallel=lay["sequence_parallel"], pp_schedule=lay["pp_schedule"],
                    vp=lay["virtual_stages"], pp_split="even", micro_batch=mb, global_batch=req.global_batch,
-                   recompute=rc, distributed_optimizer=dist, precision=req.precision,
+                   recompute=rc, distributed_optimizer=dist, owner_broadcast_optimizer=req.engine == "builtin",
+                   precision=req.precision,
                    nodes=req.nodes, devices_per_node=req.devices_per_node, measured_steps=1)
 
 

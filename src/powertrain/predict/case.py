@@ -69,6 +69,10 @@ class Case:
     sequence_parallel: bool = False
     fsdp: bool = False
     distributed_optimizer: bool = False
+    # how the optimizer states are sharded: Megatron's distributed optimizer (gradients reduce-scattered,
+    # parameters all-gathered) or, True, powertrain's trainer (gradients all-reduced as without it, then
+    # each parameter broadcast from its owner, one call per parameter tensor: workload/parallel/zero.py)
+    owner_broadcast_optimizer: bool = False
     pp_schedule: str = "1f1b"
     pp_split: str | list[int] = "even"
     # knobs
@@ -200,6 +204,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         tp=lay.tp, pp=lay.pp, dp=dp, cp=lay.cp, ep=lay.ep, vp=lay.virtual_stages,
         sequence_parallel=lay.sequence_parallel, fsdp=lay.fsdp,
         distributed_optimizer=bool(getattr(lay, "distributed_optimizer", False)),
+        owner_broadcast_optimizer=True,  # a RunConfig is what powertrain's own trainer runs
         pp_schedule=lay.pp_schedule, pp_split=lay.pp_split,
         micro_batch=k.micro_batch, global_batch=k.global_batch, recompute=k.recompute,
         precision=k.precision, overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
