@@ -13,7 +13,7 @@ from real runs, then run its top 3 for real and compare the measured order with 
 Run directories already in ``--dir`` are reused. Step times on a shared 2-core machine are only as
 steady as the machine; the ranks run few steps, so a noisy neighbour can swap two close layouts. When
 the advised #1 misses the target, the confirmation sweep runs once more and each configuration counts
-at its faster run (interference only adds time). ``tests/test_advise_cpu_check.py`` runs this check.
+at its faster run (interference only adds time).
 """
 
 from __future__ import annotations

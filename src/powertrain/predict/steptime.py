@@ -496,8 +496,7 @@ def owner_broadcasts(case: Case, f: net.Fabric, g_d: net.Group, g_e: net.Group, 
 
     The volume of an all-gather of the rank's parameters (in their training dtype), but one collective
     call per tensor, each paying one message latency: the calls come back to back from the same loop
-    in every rank, so they do not wait on a late peer the way in-step collectives do (measured on this
-    repo's 2-core host with 4 gloo ranks: 3–8 ms a call, about one fitted ``up_lat``). A rank's
+    in every rank, so they do not wait on a late peer the way in-step collectives do. A rank's
     tensors: per layer the four attention projections, two or three MLP matrices (stacked over a
     layer's local experts, plus the router, in an MoE layer) and two norms; the embedding, final norm
     and head spread over the pipeline stages.
