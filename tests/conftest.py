@@ -70,6 +70,22 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Calla
     return run
 
 
+@pytest.fixture(scope="session")
+def world2(build_once: Callable[[str, Callable[[Path], object]], object]) -> object:
+    """The shared 2-rank equivalence launch (tests/equivalence_cases.py): case name → loss curve (and facts)."""
+    from equivalence_cases import launch
+
+    return build_once("layouts-world2", lambda folder: launch(2, folder))
+
+
+@pytest.fixture(scope="session")
+def world4(build_once: Callable[[str, Callable[[Path], object]], object]) -> object:
+    """The shared 4-rank equivalence launch (tests/equivalence_cases.py)."""
+    from equivalence_cases import launch
+
+    return build_once("layouts-world4", lambda folder: launch(4, folder))
+
+
 @pytest.fixture
 def python() -> str:
     """The interpreter of this test session (the project's venv)."""

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from equivalence_cases import CPU2, KNOB_CASES, KNOB_PREFIX, TINY
 from powertrain.launch.controls import visible_devices_env
 from powertrain.launch.local import _note_placement, rank_map
 from powertrain.launch.sweep import SweepOptions, SweepRunner, _run_command, sbatch_script
@@ -33,12 +34,9 @@ from powertrain.plan.sweep_spec import LaunchOptions, SweepSpec, parse_sweep_spe
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import validate
 from powertrain.workload.run_loop import profiled_steps
-from test_workload_layouts import KNOB_PREFIX, world2  # noqa: F401  (world2: the shared launch, a fixture)
 
 TESTS = Path(__file__).resolve().parent
-TINY = {"family": "llama", "layers": 2, "hidden": 32, "ffn": 64, "heads": 4, "kv_heads": 2, "vocab": 128, "seq_len": 16}
 ON_GPU = {"hardware": {"device": "h100-sxm", "devices_per_node": 2}}
-CPU2 = {"hardware": {"devices_per_node": 2}}
 LAYERS = "tests/test_workload_layouts.py::test_two_ranks_match_single_process"
 TRAINER = "tests/test_workload_trainer.py::"
 RUN = "tests/test_workload_run.py::test_run_writes_a_complete_run_directory"
@@ -234,28 +232,8 @@ def test_idle_baseline_is_recorded_once_per_sweep(tmp_path):
 
 
 # -- the trainer knobs, measured inside one 2-rank launch ---------------------------------------------
-def _case(name: str, layout: dict | None = None, model: dict | None = None, **knobs: Any) -> dict:
-    return {"name": name, "steps": 4, "facts": True,
-            "config": {"model": model or {**TINY, "layers": 4}, "layout": layout or {}, **CPU2,
-                       "knobs": {"global_batch": 8, "micro_batch": 2, "lr": 3e-3, **knobs}}}
-
-
-MOE = {**TINY, "layers": 4, "family": "mixtral", "experts": 4, "top_k": 2}
-CASES = [
-    _case("ddp"),
-    _case("ddp_bucket_1mb", overlap={"ddp_bucket_mb": 1.0}),
-    _case("allreduce", overlap={"grad_reduce_in_backward": False}),
-    _case("ddp_distopt", {"distributed_optimizer": True}),
-    _case("allreduce_distopt", {"distributed_optimizer": True}, overlap={"grad_reduce_in_backward": False}),
-    _case("ep_distopt", {"ep": 2, "distributed_optimizer": True}, MOE),
-    _case("fsdp", {"fsdp": True}),
-    _case("fsdp_no_reshard_no_prefetch", {"fsdp": True},
-          overlap={"fsdp_reshard_after_forward": False, "fsdp_prefetch": False}),
-]
-
-
 @pytest.fixture(scope="module")
-def built(world2: dict[str, Any]) -> dict[str, Any]:  # noqa: F811  (the imported fixture, by name)
+def built(world2: dict[str, Any]) -> dict[str, Any]:
     """These cases' losses and facts, from the layouts' shared 2-rank launch (they ride along in it)."""
     return {k.removeprefix(KNOB_PREFIX): v for k, v in world2.items() if k.startswith(KNOB_PREFIX)}
 
@@ -264,7 +242,7 @@ def built(world2: dict[str, Any]) -> dict[str, Any]:  # noqa: F811  (the importe
 def test_trainer_knobs_change_what_the_ranks_build(built):
     from powertrain.workload.equivalence import max_rel_diff
 
-    f = {c["name"]: built[f"{c['name']}/facts"] for c in CASES}
+    f = {c["name"]: built[f"{c['name']}/facts"] for c in KNOB_CASES}
     assert f["ddp"]["dp_mode"] == "ddp" and f["allreduce"]["dp_mode"] == "allreduce"  # grad_reduce_in_backward
     assert f["ddp"]["ddp_bucket_bytes"] == 25 * 2**20 and f["ddp_bucket_1mb"]["ddp_bucket_bytes"] == 2**20
     assert f["fsdp"]["fsdp_reshard_after_forward"] is True and f["fsdp"]["fsdp_forward_prefetch"] == 1
