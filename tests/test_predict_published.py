@@ -152,3 +152,20 @@ def test_a_broken_entry_is_a_reason_not_a_crash(tmp_path) -> None:
     assert [r.skip is None for r in runs] == [True, False, False, False]
     assert runs[1].skip == "parallel layout not published"
     assert "not a mapping" in runs[2].skip and "hardware catalog" in runs[3].skip
+
+
+def test_predict_says_the_moe_interval_is_not_checked_on_held_out_runs() -> None:
+    """The shipped profile's MoE runs all come from one source: its MoE interval's coverage is not a
+    held-out figure, and the table of a spec with MoE rows says so (dense-only tables do not)."""
+    from typer.testing import CliRunner
+
+    from powertrain.cli import app
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    runner = CliRunner()
+    with_moe = runner.invoke(app, ["predict", str(root / "study-h200-parallelism.yaml")], terminal_width=200)
+    assert with_moe.exit_code == 0, with_moe.output
+    assert "MoE rows' interval comes from one source" in " ".join(with_moe.output.split())
+    dense = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
+    assert dense.exit_code == 0, dense.output
+    assert "MoE rows" not in dense.output

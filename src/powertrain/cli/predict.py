@@ -233,6 +233,11 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
     errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items()
                        if isinstance(v, float) and "mape" in k) or "not validated"
     out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
+    coverage = cal.error.get("interval_coverage_loso")
+    moe = isinstance(coverage, dict) and isinstance(coverage.get("moe"), dict) and coverage["moe"].get("held_out") is False
+    if moe and any(prediction_interval(p) is not None and c.model.experts > 1 for c, p in results):
+        out.print("note: the MoE rows' interval comes from one source's held-out errors (every MoE run this profile "
+                  "was validated on is from one source), so whether it holds 80 % of new MoE runs is not checked")
 
 
 def _write_figure(results: Results, figure: Path) -> None:
