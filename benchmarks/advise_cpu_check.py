@@ -116,11 +116,12 @@ def check(folder: Path, steps: int, log: list[str] | None = None, launch: bool =
         powertrain("sweep", str(sweep), "--out", str(out))
     state = SweepState.load(out)
     recorded = [r["id"] for r in sorted(state.runs, key=lambda r: r.get("index", 0))] if state else []
-    if recorded != planned_ids(sweep):
+    advised = planned_ids(sweep)
+    if recorded != advised:
         # the recorded sweep confirms another advice (an older model or profile): comparing it with this one
         # would confirm nothing
         raise NotRecorded(f"{out} confirms another advice ({' | '.join(recorded)}); this one is "
-                          f"{' | '.join(planned_ids(sweep))}: remove {out} and run the check again on a quiet machine")
+                          f"{' | '.join(advised)}: remove {out} and run the check again on a quiet machine")
     conf = confirm(out, statistic="min")  # a busy shared host: the fastest step is the configuration's own speed
     if launch and (conf.top1_gap is None or conf.top1_gap > TARGET):
         # a neighbour that slows one whole run (a few seconds) moves it by tens of percent on this host; the
