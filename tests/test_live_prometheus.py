@@ -87,11 +87,18 @@ def _non_loopback_ipv4() -> str | None:
 
 
 @pytest.mark.slow
+def _wait_for_file(path) -> str:
+    """A command that exits once ``path`` exists (or after 120 s, so a failed test leaves nothing running)."""
+    return (f"import os,time\nt=time.monotonic()\n"
+            f"while not os.path.exists({str(path)!r}) and time.monotonic()-t<120: time.sleep(0.05)\n")
+
+
 def test_monitor_prometheus_answers_while_running_and_only_on_loopback(tmp_path):
     port = _free_port()
     out = tmp_path / "m"
+    done = tmp_path / "done"  # the command lives until the test has scraped, however slow the machine
     proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out), "-q",
-                             "--prometheus", f":{port}", "--", sys.executable, "-c", "import time; time.sleep(4)"],
+                             "--prometheus", f":{port}", "--", sys.executable, "-c", _wait_for_file(done)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -115,7 +122,8 @@ def test_monitor_prometheus_answers_while_running_and_only_on_loopback(tmp_path)
             with pytest.raises(OSError):
                 socket.create_connection((other, port), timeout=2).close()
     finally:
-        _, err = proc.communicate(timeout=30)
+        done.touch()
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     if _non_loopback_ipv4() is None:
         pytest.skip("no non-loopback IPv4 address on this machine: only the bound address was checked")
