@@ -128,7 +128,7 @@ def enrich_case(case: Case, record: dict[str, object]) -> Case:
 
     From the record: model fields named like Case's (or their Hugging Face config names), else the
     details of a public model its name matches (:func:`powertrain.spec.model.architecture_details`);
-    ``parallel.etp`` (parallel folding); the fp8/fp4 recipe from the precision text; ``mtp``;
+    ``parallel.etp`` (parallel folding); ``parallel.ep_overlap`` (EP dispatcher overlap); the fp8/fp4 recipe from the precision text; ``mtp``;
     ``moe_token_drop`` (capacity factor 1); a Megatron-Core MoE run uses folding (etp = 1 unless
     stated) as its recipes do since 2025.
     """
@@ -156,6 +156,8 @@ def enrich_case(case: Case, record: dict[str, object]) -> Case:
             upd["etp"] = etp
         if record.get("moe_token_drop") is True:
             upd["capacity_factor"] = 1.0
+        if par.get("ep_overlap") is True:  # the EP all-to-all hidden behind another micro-batch (1F1B A2A overlap)
+            upd["overlap_ep"] = True
     upd["recipe"] = recipe_from_text(str(record.get("precision", "")))
     if par.get("zero") == 3 and "deepspeed" in str(record.get("framework", "")).lower():
         upd["fsdp_per_param"] = True
