@@ -34,7 +34,7 @@ from powertrain.predict.calibration import (
 )
 from powertrain.predict.core import predict
 from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
-from powertrain.predict.published import CALIBRATION_RUNS, PublishedRun, load_published
+from powertrain.predict.published import CALIBRATION_RUNS, HELDOUT_RUNS, PublishedRun, load_published
 
 DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
 # Global coefficients with physical meaning that the refit may move (never per run), each inside a
@@ -197,6 +197,42 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
     return out
 
 
+def heldout(path: Path, profile: Calibration) -> dict[str, float]:
+    """The profile's error on runs it was never fitted on (``heldout_runs.yaml``): per run, per device type,
+    per architecture, and how many fall inside the profile's stated 80 % interval."""
+    runs, skipped = prepare(path, profile)
+    errs = rel_errors(runs, profile)
+    q80 = profile.error.get("interval_80_log") or {}
+    print(f"\nheld-out runs ({path.name}: never fitted on, committed before any prediction on them), "
+          f"profile {profile.name!r}")
+    print(f"{'run':<62} {'predicted':>10} {'measured':>10} {'error':>7}  in 80 %")
+    inside: dict[str, list[bool]] = defaultdict(list)
+    by_gpu: dict[str, list[float]] = defaultdict(list)
+    by_arch: dict[str, list[float]] = defaultdict(list)
+    for r, e in zip(runs, errs, strict=True):
+        half = q80.get(r.arch)
+        ok = None if half is None else abs(log_ratio(e)) <= float(half)
+        if ok is not None:
+            inside[r.arch].append(ok)
+        by_gpu[f"{r.case.device.name} ({r.arch})"].append(e)
+        by_arch[r.arch].append(e)
+        print(f"{r.id:<62} {r.tokens_per_s_per_gpu * (1 + e):>10,.0f} {r.tokens_per_s_per_gpu:>10,.0f} "
+              f"{e * 100:>+6.1f}%  {'-' if ok is None else ('yes' if ok else 'no')}")
+    table("GPU type (held out)", by_gpu)
+    table("architecture (held out)", by_arch)
+    for r in skipped:
+        print(f"  not evaluable: {r.id}: {r.skip}")
+    out: dict[str, float] = {}
+    for a, v in by_arch.items():
+        out[f"{a}_mape"] = float(np.mean(np.abs(v)))
+        share = float(np.mean(inside[a])) if inside[a] else float("nan")
+        half = q80.get(a)
+        print(f"held-out {a}: MAPE {out[f'{a}_mape'] * 100:.1f}%, bias {np.mean(v) * 100:+.1f}% over {len(v)} runs; "
+              + (f"{share * 100:.0f}% inside the stated 80 % interval (×/÷ {math.exp(float(half)):.3f})"
+                 if half is not None else "no stated interval"))
+    return out
+
+
 def log_ratio(e: float) -> float:
     return math.log1p(e)
 
@@ -314,6 +350,8 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out (about a minute per source)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--save-loso", type=Path, default=None, help="write the held-out errors per run (JSON) here")
+    ap.add_argument("--heldout", type=Path, default=HELDOUT_RUNS,
+                    help="runs never fitted on, reported with the profile (default: the packaged heldout_runs.yaml)")
     ap.add_argument("--allow-pinned", action="store_true",
                     help="save a refit even when a coefficient ends at a bound (the profile records which, loudly)")
     _ARGS = ap.parse_args()
@@ -340,6 +378,8 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                  "is arbitrary: refit to put it back to its prior"))
     res = report(runs, profile, skipped)
     refusals(skipped)
+    if _ARGS.heldout.is_file():
+        heldout(_ARGS.heldout, profile)
     insample = dict(zip([r.id for r in runs], rel_errors(runs, profile), strict=True))
     loso: dict[str, float] = {}
     cv: dict[str, object] = {}
