@@ -169,3 +169,26 @@ def test_predict_says_the_moe_interval_is_not_checked_on_held_out_runs() -> None
     dense = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
     assert "MoE rows" not in dense.output
+
+
+def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
+    """heldout_runs.yaml (never fitted on): every run is predicted, none refused, each names its table."""
+    from powertrain.predict.published import HELDOUT_RUNS
+
+    raw = yaml.safe_load(HELDOUT_RUNS.read_text())
+    runs = load_published(HELDOUT_RUNS)
+    assert len(runs) == raw["meta"]["n_runs"] == 17
+    assert all(r.case is not None and not r.skip and r.tokens_per_s_per_gpu for r in runs), [r.skip for r in runs]
+    assert all(r.raw["source"]["table"] and r.raw["source"]["urls"] for r in runs)
+    assert {r.arch for r in runs} == {"moe"} and {r.source for r in runs} != {"Megatron-Bridge"}
+
+
+def test_force_balance_is_read_from_the_field_then_the_phrase_never_from_a_negation() -> None:
+    from powertrain.predict.published import _force_balanced
+
+    assert _force_balanced({"moe_force_balance": True}, "") is True
+    assert _force_balanced({"moe_force_balance": False}, "expert routing force-balanced") is False
+    assert _force_balanced({}, "moe rows: expert routing force-balanced, token-dropless") is True
+    assert _force_balanced({}, "the table's dropless figure: routing not force-balanced") is False
+    assert _force_balanced({}, "force-balanced routing not stated for this table") is False
+    assert _force_balanced({"moe_token_drop": True}, "") is True

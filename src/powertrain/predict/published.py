@@ -278,9 +278,20 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         overlap_tp=modern or "asynctp" in prec_text.lower().replace(" ", ""),
         overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
         power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
-        moe_imbalance=1.0 if ("force-balanced" in caveats or r.get("moe_token_drop")) else None,
+        moe_imbalance=1.0 if _force_balanced(r, caveats) else None,
         device=dev, nodes=max(1, count // gpn), devices_per_node=gpn,
     )
+
+
+def _force_balanced(r: dict[str, Any], caveats: str) -> bool:
+    """Whether the run's expert routing was forced to balance (or capped by token dropping). A stated
+    ``moe_force_balance`` decides; otherwise the calibration file's convention, a caveat saying "expert routing force-balanced"
+    (matched as that phrase: "routing not force-balanced" or "force-balanced routing not stated" must not
+    turn it on, a misreading the held-out file's first reading made)."""
+    stated = r.get("moe_force_balance")
+    if isinstance(stated, bool):
+        return stated or r.get("moe_token_drop") is True
+    return "routing force-balanced" in caveats or bool(r.get("moe_token_drop"))
 
 
 def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
