@@ -34,7 +34,7 @@ from powertrain.predict.calibration import (
 )
 from powertrain.predict.core import predict
 from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
-from powertrain.predict.published import CALIBRATION_RUNS, HELDOUT_RUNS, PublishedRun, load_published
+from powertrain.predict.published import CALIBRATION_RUNS, HELDOUT_FILES, PublishedRun, load_published
 
 DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
 # Global coefficients with physical meaning that the refit may move (never per run), each inside a
@@ -198,7 +198,7 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
 
 
 def heldout(path: Path, profile: Calibration) -> dict[str, float]:
-    """The profile's error on runs it was never fitted on (``heldout_runs.yaml``): per run, per device type,
+    """The profile's error on runs it was never fitted on (a ``heldout_*.yaml``): per run, per device type,
     per architecture, and how many fall inside the profile's stated 80 % interval."""
     runs, skipped = prepare(path, profile)
     errs = rel_errors(runs, profile)
@@ -350,8 +350,9 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out (about a minute per source)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--save-loso", type=Path, default=None, help="write the held-out errors per run (JSON) here")
-    ap.add_argument("--heldout", type=Path, default=HELDOUT_RUNS,
-                    help="runs never fitted on, reported with the profile (default: the packaged heldout_runs.yaml)")
+    ap.add_argument("--heldout", type=Path, action="append", default=None,
+                    help="a file of runs never fitted on, reported with the profile (repeatable; default: the "
+                         "packaged heldout_*.yaml)")
     ap.add_argument("--allow-pinned", action="store_true",
                     help="save a refit even when a coefficient ends at a bound (the profile records which, loudly)")
     _ARGS = ap.parse_args()
@@ -378,8 +379,8 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                  "is arbitrary: refit to put it back to its prior"))
     res = report(runs, profile, skipped)
     refusals(skipped)
-    if _ARGS.heldout.is_file():
-        heldout(_ARGS.heldout, profile)
+    for path in _ARGS.heldout or HELDOUT_FILES:
+        heldout(path, profile)
     insample = dict(zip([r.id for r in runs], rel_errors(runs, profile), strict=True))
     loso: dict[str, float] = {}
     cv: dict[str, object] = {}

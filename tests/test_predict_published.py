@@ -172,15 +172,23 @@ def test_predict_says_the_moe_interval_is_not_checked_on_held_out_runs() -> None
 
 
 def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
-    """heldout_runs.yaml (never fitted on): every run is predicted, none refused, each names its table."""
-    from powertrain.predict.published import HELDOUT_RUNS
+    """heldout_*.yaml (never fitted on): every run is predicted, none refused, each names its table."""
+    from powertrain.predict.published import HELDOUT_FILES
 
-    raw = yaml.safe_load(HELDOUT_RUNS.read_text())
-    runs = load_published(HELDOUT_RUNS)
-    assert len(runs) == raw["meta"]["n_runs"] == 17
-    assert all(r.case is not None and not r.skip and r.tokens_per_s_per_gpu for r in runs), [r.skip for r in runs]
-    assert all(r.raw["source"]["table"] and r.raw["source"]["urls"] for r in runs)
-    assert {r.arch for r in runs} == {"moe"} and {r.source for r in runs} != {"Megatron-Bridge"}
+    assert [p.name for p in HELDOUT_FILES] == ["heldout_mbridge_dsv3_qwen3_235b.yaml", "heldout_modelzoo_qwen3.yaml"]
+    counts = []
+    for path in HELDOUT_FILES:
+        raw = yaml.safe_load(path.read_text())
+        runs = load_published(path)
+        counts.append(len(runs))
+        assert len(runs) == raw["meta"]["n_runs"]
+        assert all(r.case is not None and not r.skip and r.tokens_per_s_per_gpu for r in runs), [r.skip for r in runs]
+        assert all(r.raw["source"]["table"] and r.raw["source"]["urls"] for r in runs)
+        assert {r.arch for r in runs} == {"moe"}
+    assert counts == [12, 17]
+    calibration_models = {r.raw["model"]["name"] for r in load_published() if r.arch == "moe"}
+    held_models = {r.raw["model"]["name"] for p in HELDOUT_FILES for r in load_published(p)}
+    assert not calibration_models & held_models  # models the fit has never seen
 
 
 def test_force_balance_is_read_from_the_field_then_the_phrase_never_from_a_negation() -> None:
