@@ -197,7 +197,7 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
     return out
 
 
-def heldout(path: Path, profile: Calibration) -> dict[str, float]:
+def heldout(path: Path, profile: Calibration) -> dict[str, dict[str, float]]:
     """The profile's error on runs it was never fitted on (a ``heldout_*.yaml``): per run, per device type,
     per architecture, and how many fall inside the profile's stated 80 % interval."""
     runs, skipped = prepare(path, profile)
@@ -222,14 +222,15 @@ def heldout(path: Path, profile: Calibration) -> dict[str, float]:
     table("architecture (held out)", by_arch)
     for r in skipped:
         print(f"  not evaluable: {r.id}: {r.skip}")
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     for a, v in by_arch.items():
-        out[f"{a}_mape"] = float(np.mean(np.abs(v)))
-        share = float(np.mean(inside[a])) if inside[a] else float("nan")
         half = q80.get(a)
-        print(f"held-out {a}: MAPE {out[f'{a}_mape'] * 100:.1f}%, bias {np.mean(v) * 100:+.1f}% over {len(v)} runs; "
-              + (f"{share * 100:.0f}% inside the stated 80 % interval (×/÷ {math.exp(float(half)):.3f})"
-                 if half is not None else "no stated interval"))
+        out[a] = {"runs": len(v), "mape": round(float(np.mean(np.abs(v))), 4), "bias": round(float(np.mean(v)), 4)}
+        if inside[a]:
+            out[a]["interval_80_share"] = round(float(np.mean(inside[a])), 4)
+        print(f"held-out {a}: MAPE {np.mean(np.abs(v)) * 100:.1f}%, bias {np.mean(v) * 100:+.1f}% over {len(v)} runs; "
+              + (f"{out[a]['interval_80_share'] * 100:.0f}% inside the stated 80 % interval (×/÷ "
+                 f"{math.exp(float(half)):.3f})" if half is not None and inside[a] else "no stated interval"))
     return out
 
 
@@ -353,6 +354,9 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
     ap.add_argument("--heldout", type=Path, action="append", default=None,
                     help="a file of runs never fitted on, reported with the profile (repeatable; default: the "
                          "packaged heldout_*.yaml)")
+    ap.add_argument("--save-heldout", action="store_true",
+                    help="record the held-out figures in the shipped default profile (its coefficients untouched), "
+                         "where `powertrain predict` reads them")
     ap.add_argument("--allow-pinned", action="store_true",
                     help="save a refit even when a coefficient ends at a bound (the profile records which, loudly)")
     _ARGS = ap.parse_args()
@@ -379,8 +383,7 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                  "is arbitrary: refit to put it back to its prior"))
     res = report(runs, profile, skipped)
     refusals(skipped)
-    for path in _ARGS.heldout or HELDOUT_FILES:
-        heldout(path, profile)
+    held = {path.name: heldout(path, profile) for path in _ARGS.heldout or HELDOUT_FILES}
     insample = dict(zip([r.id for r in runs], rel_errors(runs, profile), strict=True))
     loso: dict[str, float] = {}
     cv: dict[str, object] = {}
@@ -398,15 +401,25 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
             "interval_coverage_loso": {a: {"share": round(float(v["share"]), 4), "held_out": v["held_out"]}
                                        for a, v in cv["coverage"].items()} if cv else None,  # type: ignore[union-attr]
             "pinned_at_bound": pinned(profile),
+            "heldout": held,
             "validated_on": "powertrain/predict/data/calibration_runs.yaml (in-sample and leave-one-source-out)",
             "metric": "tokens/s per GPU, mean absolute percentage error; interval_80_log: 80th percentile of "
                       "|log(predicted/measured)| over leave-one-source-out predictions, per architecture"})
         out = save_calibration(profile, SHIPPED_DIR / "default.yaml")
         print(f"saved {out}")
+    elif _ARGS.save_heldout and _ARGS.profile != "default":
+        print("--save-heldout records figures in the shipped default profile: run it with --profile default",
+              file=sys.stderr)
+        return 2
+    elif _ARGS.save_heldout:
+        # the profile's coefficients untouched: only what it scored on the runs it never saw is recorded
+        shipped = load_calibration(SHIPPED_DIR / "default.yaml")
+        out = save_calibration(replace(shipped, error={**shipped.error, "heldout": held}), SHIPPED_DIR / "default.yaml")
+        print(f"recorded the held-out figures in {out}")
     return 0
 
 
-_ARGS = argparse.Namespace(iters=300, save_loso=None)
+_ARGS = argparse.Namespace(iters=300, save_loso=None, save_heldout=False)
 
 if __name__ == "__main__":
     raise SystemExit(main())

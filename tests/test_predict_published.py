@@ -154,9 +154,9 @@ def test_a_broken_entry_is_a_reason_not_a_crash(tmp_path) -> None:
     assert "not a mapping" in runs[2].skip and "hardware catalog" in runs[3].skip
 
 
-def test_predict_says_the_moe_interval_is_not_checked_on_held_out_runs() -> None:
-    """The shipped profile's MoE runs all come from one source: its MoE interval's coverage is not a
-    held-out figure, and the table of a spec with MoE rows says so (dense-only tables do not)."""
+def test_predict_says_how_the_moe_interval_held_on_runs_never_fitted_on() -> None:
+    """A table with MoE rows says how the MoE interval held on the held-out MoE runs the shipped profile
+    records (benchmarks/predict_accuracy.py --save-heldout); dense-only tables say nothing of it."""
     from typer.testing import CliRunner
 
     from powertrain.cli import app
@@ -165,10 +165,22 @@ def test_predict_says_the_moe_interval_is_not_checked_on_held_out_runs() -> None
     runner = CliRunner()
     with_moe = runner.invoke(app, ["predict", str(root / "study-h200-parallelism.yaml")], terminal_width=200)
     assert with_moe.exit_code == 0, with_moe.output
-    assert "MoE rows' interval comes from one source" in " ".join(with_moe.output.split())
+    assert "MoE runs this profile was never fitted on" in " ".join(with_moe.output.split())
     dense = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
-    assert "MoE rows" not in dense.output
+    assert "MoE" not in dense.output
+
+
+def test_the_moe_interval_note_pools_the_held_out_sets_else_says_it_is_unchecked() -> None:
+    from powertrain.cli.predict import moe_interval_note
+
+    held = {"heldout": {"a.yaml": {"moe": {"runs": 10, "mape": 0.2, "bias": -0.1, "interval_80_share": 0.7}},
+                        "b.yaml": {"moe": {"runs": 30, "mape": 0.1, "bias": 0.1, "interval_80_share": 0.9}}}}
+    note = moe_interval_note(held)
+    assert note and "on 40 published MoE runs" in note and "held 85% of runs" in note and "error there 12%" in note
+    one_source = {"interval_coverage_loso": {"moe": {"share": 0.79, "held_out": False}}}
+    assert "not checked" in (moe_interval_note(one_source) or "")
+    assert moe_interval_note({}) is None
 
 
 def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
