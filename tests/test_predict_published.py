@@ -212,3 +212,26 @@ def test_force_balance_is_read_from_the_field_then_the_phrase_never_from_a_negat
     assert _force_balanced({}, "the table's dropless figure: routing not force-balanced") is False
     assert _force_balanced({}, "force-balanced routing not stated for this table") is False
     assert _force_balanced({"moe_token_drop": True}, "") is True
+
+
+def test_the_profiles_recorded_held_out_figures_are_what_the_model_scores_now(capsys) -> None:
+    """error.heldout (what `predict` tells users) must be today's model on today's held-out files: a model
+    or profile change that moves them without re-recording (predict_accuracy.py --save-heldout) fails here."""
+    import importlib.util
+
+    from powertrain.predict.published import HELDOUT_FILES
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("predict_accuracy", root / "benchmarks" / "predict_accuracy.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    profile = load_calibration("default")
+    recorded = profile.error["heldout"]
+    assert set(recorded) == {p.name for p in HELDOUT_FILES}
+    for path in HELDOUT_FILES:
+        now = bench.heldout(path, profile)
+        assert now.keys() == recorded[path.name].keys()
+        for arch, figures in now.items():  # stored to 4 digits: allow the last one
+            assert figures == pytest.approx(recorded[path.name][arch], abs=2e-4), f"re-record: {path.name} moved"
+    assert "held-out moe: MAPE" in capsys.readouterr().out
