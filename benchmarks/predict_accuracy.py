@@ -2,11 +2,13 @@
 
 Prints throughput (tokens/s per GPU) MAPE per source, per GPU type and per architecture, the
 worst runs, and the memory check (no published run may be predicted not to fit). Targets:
-dense ≤ 12%, MoE ≤ 20%.
+dense ≤ 12%, MoE ≤ 20%. Then the profile on the held-out files (``data/heldout_*.yaml``: MoE runs
+the fit never sees), then leave-one-source-out (fit on all sources but one, predict it; ~5 min).
 
     python benchmarks/predict_accuracy.py                    # score the shipped default profile
+    python benchmarks/predict_accuracy.py --no-loso          # the same without leave-one-source-out
     python benchmarks/predict_accuracy.py --refit            # refit its global coefficients, save it
-    python benchmarks/predict_accuracy.py --cross-validate   # leave-one-source-out: fit on the rest
+    python benchmarks/predict_accuracy.py --no-loso --save-heldout   # record the held-out figures in it
 
 Runs whose recompute setting is not published are predicted with the least recompute that fits
 (a framework that has to fit recomputes). Runs lacking a layout, batch or sequence length are
