@@ -19,7 +19,7 @@ unless given another path.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,9 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     from powertrain.predict.moe import enrich_case
 
     case = enrich_case(case, r)  # MoE/attention details, the fp8 recipe (issue 15, predict/moe.py)
+    case, out.skip = _expert_placement(case, out.assumptions)
+    if out.skip:
+        return out
     # A layout whose 16-bit weights and fp32 gradients alone exceed the device cannot have run
     # unsharded: the framework's FSDP must have been on (a table cell left at 0).
     from powertrain.core.flops import parameter_counts
@@ -221,6 +224,27 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     if out.tokens_per_s_per_gpu is None:
         out.skip = "no throughput or step time published"
     return out
+
+
+def _expert_placement(case: Case, assumptions: list[str]) -> tuple[Case, str | None]:
+    """The case with an expert placement its layout can hold, or the reason none can.
+
+    Without ``etp`` the model places EP groups inside data parallelism (ranks ``tp·cp`` apart), which needs
+    ``ep`` to divide ``dp·cp``; a table row like TP2·DP32 with EP64 can only run folded (EP across the
+    stage's TP×CP×DP ranks, expert TP 1), so it is read that way and said so. An EP group larger than a
+    pipeline stage's ranks cannot run at all: the row is refused with the numbers."""
+    if not case.is_moe or case.ep <= 1:
+        return case, None
+    stage = case.tp * case.cp * case.dp
+    etp = case.etp or 1
+    if stage % (etp * case.ep):
+        return case, (f"layout not possible: EP {case.ep} × expert TP {etp} does not divide the {stage} ranks of a "
+                      f"pipeline stage (tp {case.tp} × cp {case.cp} × dp {case.dp})")
+    if case.etp is None and (case.dp * case.cp) % case.ep:
+        assumptions.append(f"EP {case.ep} does not divide the {case.dp * case.cp} data-parallel ranks: read as "
+                           "parallel folding (EP across TP×CP×DP, expert TP 1), the placement Megatron-Core has for it")
+        return replace(case, etp=1), None
+    return case, None
 
 
 def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any]) -> str | None:
