@@ -308,10 +308,11 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
 
 
 def _force_balanced(r: dict[str, Any], caveats: str) -> bool:
-    """Whether the run's expert routing was forced to balance (or capped by token dropping). A stated
-    ``moe_force_balance`` decides; otherwise the calibration file's convention, a caveat saying "expert routing force-balanced"
-    (matched as that phrase: "routing not force-balanced" or "force-balanced routing not stated" must not
-    turn it on, a misreading the held-out file's first reading made)."""
+    """Whether the run's expert routing was forced to balance (or capped by token dropping).
+
+    A stated ``moe_force_balance`` decides; otherwise the calibration file's convention, a caveat saying
+    "expert routing force-balanced", matched as that phrase: "routing not force-balanced" or
+    "force-balanced routing not stated" must not turn it on (the held-out file's first reading did)."""
     stated = r.get("moe_force_balance")
     if isinstance(stated, bool):
         return stated or r.get("moe_token_drop") is True
