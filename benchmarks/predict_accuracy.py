@@ -220,8 +220,11 @@ def heldout(path: Path, profile: Calibration) -> dict[str, dict[str, float]]:
         by_arch[r.arch].append(e)
         print(f"{r.id:<62} {r.tokens_per_s_per_gpu * (1 + e):>10,.0f} {r.tokens_per_s_per_gpu:>10,.0f} "
               f"{e * 100:>+6.1f}%  {'-' if ok is None else ('yes' if ok else 'no')}")
-    table("GPU type (held out)", by_gpu)
-    table("architecture (held out)", by_arch)
+    if not runs:
+        print("  no evaluable run in this file")
+    else:
+        table("GPU type (held out)", by_gpu)
+        table("architecture (held out)", by_arch)
     for r in skipped:
         print(f"  not evaluable: {r.id}: {r.skip}")
     out: dict[str, dict[str, float]] = {}
@@ -365,6 +368,11 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
     if not _ARGS.file.is_file():
         print(f"calibration file {_ARGS.file} not found; pass --file", file=sys.stderr)
         return 2
+    missing = [p for p in _ARGS.heldout or () if not p.is_file()]
+    if missing:
+        print(f"held-out file {missing[0]} not found; pass --heldout with a runs file in calibration_runs.yaml's "
+              "schema (or leave it out for the packaged heldout_*.yaml)", file=sys.stderr)
+        return 2
     profile = load_calibration(_ARGS.profile)
     runs, skipped = prepare(_ARGS.file, profile)
     if _ARGS.refit:
@@ -409,9 +417,9 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                       "|log(predicted/measured)| over leave-one-source-out predictions, per architecture"})
         out = save_calibration(profile, SHIPPED_DIR / "default.yaml")
         print(f"saved {out}")
-    elif _ARGS.save_heldout and _ARGS.profile != "default":
-        print("--save-heldout records figures in the shipped default profile: run it with --profile default",
-              file=sys.stderr)
+    elif _ARGS.save_heldout and (_ARGS.profile != "default" or _ARGS.heldout):
+        print("--save-heldout records the packaged held-out files' figures in the shipped default profile: run it "
+              "with --profile default and without --heldout", file=sys.stderr)
         return 2
     elif _ARGS.save_heldout:
         # the profile's coefficients untouched: only what it scored on the runs it never saw is recorded
