@@ -368,6 +368,10 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
     if not _ARGS.file.is_file():
         print(f"calibration file {_ARGS.file} not found; pass --file", file=sys.stderr)
         return 2
+    if _ARGS.save_heldout and (_ARGS.profile != "default" or _ARGS.heldout):
+        print("--save-heldout records the packaged held-out files' figures in the shipped default profile: run it "
+              "with --profile default and without --heldout", file=sys.stderr)
+        return 2
     missing = [p for p in _ARGS.heldout or () if not p.is_file()]
     if missing:
         print(f"held-out file {missing[0]} not found; pass --heldout with a runs file in calibration_runs.yaml's "
@@ -417,10 +421,6 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                       "|log(predicted/measured)| over leave-one-source-out predictions, per architecture"})
         out = save_calibration(profile, SHIPPED_DIR / "default.yaml")
         print(f"saved {out}")
-    elif _ARGS.save_heldout and (_ARGS.profile != "default" or _ARGS.heldout):
-        print("--save-heldout records the packaged held-out files' figures in the shipped default profile: run it "
-              "with --profile default and without --heldout", file=sys.stderr)
-        return 2
     elif _ARGS.save_heldout:
         # the profile's coefficients untouched: only what it scored on the runs it never saw is recorded
         shipped = load_calibration(SHIPPED_DIR / "default.yaml")
