@@ -58,10 +58,15 @@ def test_scrape_during_sampling_has_dcgm_names_and_labels(tmp_path):
     t = threading.Thread(target=sampler.run)
     t.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while sampler.samples < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         m = _scrape("127.0.0.1", exporter.port)
+        # the host's CPU utilisation is a delta between two samples: one taken within a kernel tick of the
+        # last (a starved sampler catching up) has none, and the exporter serves only the latest sample
+        while _value(m, "powertrain_cpu_util_pct", device="cpu") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            m = _scrape("127.0.0.1", exporter.port)
     finally:
         sampler.stop()
         t.join()
