@@ -199,9 +199,13 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
     return out
 
 
-def heldout(path: Path, profile: Calibration) -> dict[str, dict[str, float]]:
+def heldout(path: Path, profile: Calibration) -> dict[str, object]:
     """The profile's error on runs it was never fitted on (a ``heldout_*.yaml``): per run, per device type,
-    per architecture, and how many fall inside the profile's stated 80 % interval."""
+    per architecture, and how many fall inside the profile's stated 80 % interval. Returns the figures per
+    architecture and the file's one-line ``meta.describes``."""
+    import yaml
+
+    meta = (yaml.safe_load(path.read_text()) or {}).get("meta") or {}
     runs, skipped = prepare(path, profile)
     errs = rel_errors(runs, profile)
     q80 = profile.error.get("interval_80_log") or {}
@@ -227,14 +231,15 @@ def heldout(path: Path, profile: Calibration) -> dict[str, dict[str, float]]:
         table("architecture (held out)", by_arch)
     for r in skipped:
         print(f"  not evaluable: {r.id}: {r.skip}")
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, object] = {"describes": str(meta.get("describes") or path.name)}
     for a, v in by_arch.items():
         half = q80.get(a)
-        out[a] = {"runs": len(v), "mape": round(float(np.mean(np.abs(v))), 4), "bias": round(float(np.mean(v)), 4)}
+        figures = {"runs": len(v), "mape": round(float(np.mean(np.abs(v))), 4), "bias": round(float(np.mean(v)), 4)}
         if inside[a]:
-            out[a]["interval_80_share"] = round(float(np.mean(inside[a])), 4)
+            figures["interval_80_share"] = round(float(np.mean(inside[a])), 4)
+        out[a] = figures
         print(f"held-out {a}: MAPE {np.mean(np.abs(v)) * 100:.1f}%, bias {np.mean(v) * 100:+.1f}% over {len(v)} runs; "
-              + (f"{out[a]['interval_80_share'] * 100:.0f}% inside the stated 80 % interval (×/÷ "
+              + (f"{figures['interval_80_share'] * 100:.0f}% inside the stated 80 % interval (×/÷ "
                  f"{math.exp(float(half)):.3f})" if half is not None and inside[a] else "no stated interval"))
     return out
 

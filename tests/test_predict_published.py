@@ -166,21 +166,32 @@ def test_predict_says_how_the_moe_interval_held_on_runs_never_fitted_on() -> Non
     with_moe = runner.invoke(app, ["predict", str(root / "study-h200-parallelism.yaml")], terminal_width=200)
     assert with_moe.exit_code == 0, with_moe.output
     assert "MoE runs this profile was never fitted on" in " ".join(with_moe.output.split())
-    dense = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
+    dense = runner.invoke(app, ["predict", str(root / "study-h100-optimizations.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
-    assert "MoE" not in dense.output
+    text = " ".join(dense.output.split())
+    assert "dense runs this profile was never fitted on (Llama-3 8B" in text
+    cpu = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
+    assert cpu.exit_code == 0, cpu.output
+    assert "never fitted on" not in cpu.output  # the held-out runs are GPU runs: nothing said of a CPU row
 
 
-def test_the_moe_interval_note_pools_the_held_out_sets_else_says_it_is_unchecked() -> None:
-    from powertrain.cli.predict import moe_interval_note
+def test_the_held_out_note_pools_the_sets_of_its_architecture_else_says_moe_is_unchecked() -> None:
+    from powertrain.cli.predict import heldout_note
 
-    held = {"heldout": {"a.yaml": {"moe": {"runs": 10, "mape": 0.2, "bias": -0.1, "interval_80_share": 0.7}},
-                        "b.yaml": {"moe": {"runs": 30, "mape": 0.1, "bias": 0.1, "interval_80_share": 0.9}}}}
-    note = moe_interval_note(held)
-    assert note and "on 40 published MoE runs" in note and "held 85% of runs" in note and "error there 12%" in note
+    held = {"heldout": {"a.yaml": {"describes": "set a", "moe": {"runs": 10, "mape": 0.2, "bias": -0.1,
+                                                                 "interval_80_share": 0.7}},
+                        "b.yaml": {"describes": "set b", "moe": {"runs": 30, "mape": 0.1, "bias": 0.1,
+                                                                 "interval_80_share": 0.9}},
+                        "c.yaml": {"describes": "set c", "dense": {"runs": 8, "mape": 0.3, "bias": -0.3,
+                                                                   "interval_80_share": 0.25}}}}
+    note = heldout_note(held, "moe")
+    assert note and "on 40 published MoE runs" in note and "(set a; set b)" in note and "held 85% of runs" in note
+    assert "error there 12%" in note
+    dense = heldout_note(held, "dense")
+    assert dense and "on 8 published dense runs" in dense and "(set c)" in dense and "held 25%" in dense
     one_source = {"interval_coverage_loso": {"moe": {"share": 0.79, "held_out": False}}}
-    assert "not checked" in (moe_interval_note(one_source) or "")
-    assert moe_interval_note({}) is None
+    assert "not checked" in (heldout_note(one_source, "moe") or "")
+    assert heldout_note(one_source, "dense") is None and heldout_note({}, "moe") is None
 
 
 def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
@@ -236,9 +247,9 @@ def test_the_profiles_recorded_held_out_figures_are_what_the_model_scores_now(ca
     assert set(recorded) == {p.name for p in HELDOUT_FILES}
     for path in HELDOUT_FILES:
         now = bench.heldout(path, profile)
-        assert now.keys() == recorded[path.name].keys()
-        for arch, figures in now.items():  # stored to 4 digits: allow the last one
-            assert figures == pytest.approx(recorded[path.name][arch], abs=2e-4), f"re-record: {path.name} moved"
+        assert now.keys() == recorded[path.name].keys() and now["describes"] == recorded[path.name]["describes"]
+        for arch in now.keys() - {"describes"}:  # stored to 4 digits: allow the last one
+            assert now[arch] == pytest.approx(recorded[path.name][arch], abs=2e-4), f"re-record: {path.name} moved"
     assert "held-out moe: MAPE" in capsys.readouterr().out
 
 

@@ -233,27 +233,37 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
     errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items()
                        if isinstance(v, float) and "mape" in k) or "not validated"
     out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
-    if any(prediction_interval(p) is not None and c.model.experts > 1 for c, p in results):
-        note = moe_interval_note(cal.error)
-        if note:
-            out.print(note)
+    from powertrain.hardware import is_cpu_name
+
+    # the held-out runs are GPU runs: what they say is for GPU rows
+    with_interval = [c for c, p in results if prediction_interval(p) is not None and not is_cpu_name(c.hardware.device)]
+    for arch in ("dense", "moe"):
+        if any((c.model.experts > 1) == (arch == "moe") for c in with_interval):
+            note = heldout_note(cal.error, arch)
+            if note:
+                out.print(note)
 
 
-def moe_interval_note(error: dict[str, Any]) -> str | None:
-    """What a table with MoE rows must say about their interval: how it held on MoE runs the profile never
-    saw (``error.heldout``, written by benchmarks/predict_accuracy.py), or that it is unchecked."""
-    held = [v["moe"] for v in (error.get("heldout") or {}).values() if isinstance(v, dict) and "moe" in v]
-    held = [h for h in held if "interval_80_share" in h]
-    if held:
-        n = sum(int(h["runs"]) for h in held)
-        share = sum(h["interval_80_share"] * h["runs"] for h in held) / n
-        mape = sum(h["mape"] * h["runs"] for h in held) / n
-        bias = sum(h["bias"] * h["runs"] for h in held) / n
-        return (f"note: on {n} published MoE runs this profile was never fitted on ({len(held)} held-out sets), the "
-                f"MoE interval held {share:.0%} of runs (stated: 80 %); throughput error there {mape:.0%}, mean "
+def heldout_note(error: dict[str, Any], arch: str) -> str | None:
+    """What a table with ``arch`` ("dense" or "moe") rows says about their interval: how it held on published
+    runs of that architecture the profile never saw (``error.heldout``, written by
+    benchmarks/predict_accuracy.py --save-heldout) and what those runs were; for MoE without such runs, that
+    the interval is unchecked (every MoE run it was validated on is from one source)."""
+    sets = [(v[arch], str(v.get("describes", name))) for name, v in (error.get("heldout") or {}).items()
+            if isinstance(v, dict) and isinstance(v.get(arch), dict) and "interval_80_share" in v[arch]]
+    label = "MoE" if arch == "moe" else "dense"
+    if sets:
+        n = sum(int(h["runs"]) for h, _ in sets)
+        share = sum(h["interval_80_share"] * h["runs"] for h, _ in sets) / n
+        mape = sum(h["mape"] * h["runs"] for h, _ in sets) / n
+        bias = sum(h["bias"] * h["runs"] for h, _ in sets) / n
+        what = "; ".join(d for _, d in sets)
+        return (f"note: on {n} published {label} runs this profile was never fitted on ({what}), the {label} "
+                f"interval held {share:.0%} of runs (stated: 80 %); throughput error there {mape:.0%}, mean "
                 f"{bias:+.0%} (negative: predicted slow)")
     coverage = error.get("interval_coverage_loso")
-    if isinstance(coverage, dict) and isinstance(coverage.get("moe"), dict) and coverage["moe"].get("held_out") is False:
+    if arch == "moe" and isinstance(coverage, dict) and isinstance(coverage.get("moe"), dict) \
+            and coverage["moe"].get("held_out") is False:
         return ("note: the MoE rows' interval comes from one source's held-out errors (every MoE run this profile "
                 "was validated on is from one source), so whether it holds 80 % of new MoE runs is not checked")
     return None
