@@ -196,3 +196,19 @@ def test_perseus_folder_imports_from_the_command_line(tmp_path):
     assert "imported 5 source(s) as zeus" in res.output  # 3 plans + perseus.json + models_A100.csv
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["window"]["source"] == "Perseus: first iteration start → last iteration end"
+
+
+def test_a_folder_of_one_run_per_file_names_its_files_and_the_command(tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name in ("a.csv", "b.csv"):
+        _smi(folder / name)
+    for kind in ("auto", "nvsmi"):
+        res = runner.invoke(app, ["import", kind, str(folder), "--out", str(tmp_path / f"run-{kind}"), "--tz", "UTC"])
+        assert res.exit_code == 2, res.output
+        text = " ".join(res.output.split())
+        assert "a folder of 2 nvsmi file(s) (a.csv, b.csv)" in text and "e.g. powertrain import nvsmi" in text
+        assert "".join(res.output.split()).count("/logs/a.csv--outDIR") == 1  # the path, however it wraps
+        assert not (tmp_path / f"run-{kind}").exists()
+    res = runner.invoke(app, ["import", "powertraces", str(folder), "--out", str(tmp_path / "run-pt")])
+    assert res.exit_code == 2 and "a folder, and powertraces sources are files" in " ".join(res.output.split())

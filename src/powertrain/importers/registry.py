@@ -61,6 +61,25 @@ _OPTIONS = {  # which keyword options each importer takes
 _REFUSED_UNLESS_READ = {"anchor_ns": "--anchor", "warmup_steps": "--warmup-steps", "seq_len": "--seq-len"}
 
 
+# Kinds whose importer reads files only: each file is one run (a folder of them is usually several runs).
+_FILE_KINDS = ("nvsmi", "powertraces", "framework_log")
+
+
+def _folder_of_runs(folder: Path, kind: str | None) -> SourceFormatError | None:
+    """The error for a folder given where ``kind`` (None: any file-only kind) reads files, one run each:
+    which files it holds and the command for one of them; None when the folder is not that."""
+    files = sorted(x for x in folder.iterdir() if x.is_file())
+    found = {k: [x for x in files if detect_kind(x) == k] for k in ((kind,) if kind else _FILE_KINDS)}
+    found = {k: v for k, v in found.items() if v}
+    if len(found) != 1:
+        return None
+    (k, hits), = found.items()
+    shown = ", ".join(x.name for x in hits[:3]) + (f" and {len(hits) - 3} more" if len(hits) > 3 else "")
+    return SourceFormatError(folder, None, f"a folder of {len(hits)} {k} file(s) ({shown}); each {k} file is a run "
+                                           f"of its own: import one per run, e.g. powertrain import {k} "
+                                           f"{hits[0]} --out DIR (several files of one run: name them all)")
+
+
 def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[str, list[Path]]:
     """Sources per kind; for ``auto`` each source is detected, and an undetectable one is an error."""
     paths = [Path(s) for s in sources]
@@ -69,13 +88,18 @@ def group_sources(kind: str, sources: Sequence[str | os.PathLike[str]]) -> dict[
             raise FileNotFoundError(f"{p}: no such file or folder")
     if kind != "auto":
         _importer(kind)
+        for p in paths:
+            if kind in _FILE_KINDS and p.is_dir():
+                raise _folder_of_runs(p, kind) or SourceFormatError(
+                    p, None, f"a folder, and {kind} sources are files (one run each): name the file(s)")
         return {kind: paths}
     groups: dict[str, list[Path]] = {}
     for p in paths:
         k = detect_kind(p)
         if k is None:
-            raise SourceFormatError(p, None, "cannot tell which format this is; name it: "
-                                             f"powertrain import KIND ... with KIND one of {', '.join(KINDS)}")
+            raise (_folder_of_runs(p, None) if p.is_dir() else None) or SourceFormatError(
+                p, None, f"cannot tell which format this is; name it: powertrain import KIND ... with KIND one of "
+                         f"{', '.join(KINDS)}")
         groups.setdefault(k, []).append(p)
     return groups
 
