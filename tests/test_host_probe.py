@@ -133,6 +133,13 @@ def test_the_host_probe_is_kept_so_later_processes_reuse_it(tmp_path, monkeypatc
     kept[0].write_text(json.dumps(raw))
     probe_host.cache_clear()
     assert probe_host(1).matmul_flops != 1.0
+    # one kept by an earlier measuring method (no "method" in its identity, as before it was recorded) neither
+    raw = json.loads(kept[0].read_text())
+    del raw["identity"]["method"]
+    raw["matmul_flops"] = 1.0
+    kept[0].write_text(json.dumps(raw))
+    probe_host.cache_clear()
+    assert probe_host(1).matmul_flops != 1.0
     kept[0].write_text("{not json")
     probe_host.cache_clear()
     assert probe_host(1).matmul_flops > 1.0

@@ -170,8 +170,14 @@ def probe_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "powertrain"
 
 
+# How a probe is measured, as kept probes are matched: change it whenever measure_host_probe measures
+# differently, so probes kept by an earlier version are measured again (one kept from before the one-thread
+# matmul was timed in thread CPU time read about half of today's figure on a busy host, and was reused).
+PROBE_METHOD_VERSION = "2: fp32 matmul timed in thread CPU time on one thread, wall time on several"
+
+
 def _probe_identity(threads: int) -> dict[str, Any]:
-    """What a kept probe must match to be reused: same host, CPU, core count, threads and torch."""
+    """What a kept probe must match to be reused: same host, CPU, core count, threads, torch and method."""
     import platform
     import socket
 
@@ -180,7 +186,7 @@ def _probe_identity(threads: int) -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         torch_version = None
     return {"host": socket.gethostname(), "machine": platform.machine(), "processor": platform.processor(),
-            "cores": host_cores(), "threads": threads, "torch": torch_version}
+            "cores": host_cores(), "threads": threads, "torch": torch_version, "method": PROBE_METHOD_VERSION}
 
 
 @cache
