@@ -128,8 +128,8 @@ def enrich_case(case: Case, record: dict[str, object]) -> Case:
 
     From the record: model fields named like Case's (or their Hugging Face config names), else the
     details of a public model its name matches (:func:`powertrain.spec.model.architecture_details`);
-    ``parallel.etp`` (parallel folding); ``parallel.ep_overlap`` (EP dispatcher overlap); the fp8/fp4 recipe from the precision text; ``mtp``;
-    ``moe_token_drop`` (capacity factor 1). A run that states no ``etp`` keeps the older placement
+    ``parallel.etp`` (parallel folding); ``parallel.ep_overlap`` (EP dispatcher overlap); the fp8/fp4
+    recipe from the precision text; ``mtp``; ``moe_token_drop`` (capacity factor 1). A run that states no ``etp`` keeps the older placement
     (EP inside DP) unless only folding can hold its layout (``published._expert_placement``).
     """
     from dataclasses import replace
