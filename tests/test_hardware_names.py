@@ -34,6 +34,21 @@ SPELLINGS = [
     ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
     ("NVIDIA H200", "h200"),
     ("H100 SXM 80GB (NVLink 900 GB/s)", "h100-sxm"),  # a bandwidth is no memory size
+    # other products of a known family are their own entries, never the SXM part (power, bandwidth differ)
+    ("H100 PCIe", "h100-pcie"),
+    ("NVIDIA H100 PCIe 80GB", "h100-pcie"),
+    ("H100 NVL", "h100-nvl"),
+    ("H100 NVL 94GB", "h100-nvl"),
+    ("H200 NVL", "h200-nvl"),
+    ("a100 pcie 40gb", "a100-pcie-40gb"),
+    ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+    ("NVIDIA H800", "h800"),
+    ("H800 SXM5 80GB", "h800"),
+    ("A800-SXM4-80GB", "a800-sxm4-80gb"),
+    ("NVIDIA H20", "h20"),
+    ("AMD Instinct MI325X", "mi325x"),
+    ("MI355X", "mi355x"),
+    ("AMD Instinct MI350X OAM", "mi350x"),
 ]
 
 
@@ -49,7 +64,7 @@ def test_tokens_are_read_not_looked_up() -> None:
     assert (q.family, q.memory_gb, q.form) == ("gb200", None, "nvl")
 
 
-@pytest.mark.parametrize("text", ["H100 PCIe", "H100 NVL", "Tesla V100-SXM2-16GB", "a100 pcie 40gb", "MI250"])
+@pytest.mark.parametrize("text", ["V100 PCIe", "H200 NVL 80GB", "Tesla V100-SXM2-16GB", "MI250"])
 def test_a_different_product_of_a_known_family_is_refused_with_the_closest(text: str) -> None:
     # another form factor or memory size is another device (power, bandwidth): never silently the SXM part
     with pytest.raises(UnknownDeviceError) as exc:
@@ -60,8 +75,15 @@ def test_a_different_product_of_a_known_family_is_refused_with_the_closest(text:
 
 def test_the_closest_entries_are_of_the_same_family_first() -> None:
     with pytest.raises(UnknownDeviceError) as exc:
-        get_device("H100 PCIe 80GB")
-    assert exc.value.closest[:2] == ["h100-sxm", "h100-sxm-96gb"]
+        get_device("H100 PCIe 48GB")
+    assert exc.value.closest[:2] == ["h100-sxm", "h100-pcie"]  # nearest memory size first
+
+
+def test_a_name_that_fits_two_products_is_ambiguous_not_guessed() -> None:
+    # 94 GB is the NVL card and within 3 % of the 96 GB SXM part: the form factor decides, so it must be stated
+    with pytest.raises(UnknownDeviceError) as exc:
+        get_device("H100 94GB")
+    assert "ambiguous" in str(exc.value) and set(exc.value.closest) == {"h100-nvl", "h100-sxm-96gb"}
 
 
 def test_an_ambiguous_name_is_refused(tmp_path) -> None:
@@ -80,11 +102,11 @@ def test_an_ambiguous_name_is_refused(tmp_path) -> None:
 def test_a_user_catalog_is_indexed_on_its_own(tmp_path) -> None:
     base = yaml.safe_load(CATALOG_FILE.read_text())["devices"]["h100-sxm"]
     f = tmp_path / "hw.yaml"
-    f.write_text(yaml.safe_dump({"devices": {"lab-h100-pcie": dict(base, memory_gb=80, aliases=["H100 PCIe"])}}))
+    f.write_text(yaml.safe_dump({"devices": {"lab-l40s": dict(base, memory_gb=48, aliases=["L40S"])}}))
     cat = load_catalog([f])
-    assert get_device("NVIDIA H100 PCIe 80GB", cat).name == "lab-h100-pcie"
+    assert get_device("NVIDIA L40S 48GB", cat).name == "lab-l40s"
     with pytest.raises(UnknownDeviceError):
-        get_device("NVIDIA H100 PCIe 80GB")  # the shipped catalog still lacks it
+        get_device("NVIDIA L40S 48GB")  # the shipped catalog still lacks it
 
 
 def test_a_spec_written_with_a_free_text_device_validates_and_predicts() -> None:
@@ -101,5 +123,5 @@ def test_a_spec_written_with_a_free_text_device_validates_and_predicts() -> None
 
     assert rule_device(cfg("NVIDIA H100 80GB HBM3")) == []
     assert case_from_run_config(cfg("h200 141gb")).device.name == "h200"
-    (v,) = rule_device(cfg("H100 PCIe"))
+    (v,) = rule_device(cfg("H100 PCIe 48GB"))
     assert v.rule == "unknown_device" and "h100-sxm" in v.message

@@ -60,3 +60,13 @@ def test_unknown_generation_keeps_the_calibrations_own_fp8_efficiency() -> None:
     dev = replace(get_device("h100-sxm"), name="my-accelerator")
     case = replace(_case("h100-sxm", "fp8"), device=dev)
     assert compute_rates(case, C).peak == dev.peak("fp8") * C.gemm_eff_fp8
+
+
+def test_every_catalog_device_has_a_generation_and_every_generation_entry_a_device() -> None:
+    # a device without a generation would silently take the "unknown" ratios (1.0); a name only here is stale
+    from powertrain.hardware import load_catalog
+    from powertrain.predict.precision import GENERATION
+
+    catalog = load_catalog()
+    assert sorted(set(catalog) - set(GENERATION)) == []
+    assert sorted(set(GENERATION) - set(catalog)) == []

@@ -37,7 +37,9 @@ GENERATION = {
     "v100-sxm2-32gb": "volta", "a100-sxm4-40gb": "ampere", "a100-sxm4-80gb": "ampere", "a40": "ampere",
     "h100-sxm": "hopper", "h100-sxm-96gb": "hopper", "h100-pcie": "hopper", "h200": "hopper", "gh200": "hopper",
     "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell_ultra", "gb300": "blackwell_ultra",
-    "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi355x": "cdna4",
+    "a100-pcie-80gb": "ampere", "a100-pcie-40gb": "ampere", "a800-sxm4-80gb": "ampere",
+    "h100-nvl": "hopper", "h200-nvl": "hopper", "h800": "hopper", "h20": "hopper",
+    "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi350x": "cdna4", "mi355x": "cdna4",
 }
 
 # Per generation: efficiency of each precision/recipe relative to the generation's 16-bit GEMMs.
