@@ -87,3 +87,15 @@ def test_model_names_match_as_people_write_them() -> None:
     assert architecture_details("deepseek_v2_lite")["dense_layers"] == 1
     assert architecture_details("Qwen3 30B-A3B") == {"head_dim": 128}
     assert architecture_details("Llama-3.1 405B") == {}
+
+
+def test_memory_places_experts_as_the_step_time_does() -> None:
+    # one placement for both: experts split over etp·ep ranks, replicated over the expert-data-parallel rest
+    from powertrain.predict.memory import memory_per_device
+    from powertrain.predict.steptime import local_parameters
+
+    folded, split, older = _dsv3(etp=1, ep=32), _dsv3(etp=2, ep=32), _dsv3(etp=None, ep=32)
+    assert memory_per_device(split)[0] == memory_per_device(older)[0]  # etp = tp is the older placement
+    w_folded, w_split = memory_per_device(folded)[1]["weights"], memory_per_device(split)[1]["weights"]
+    assert w_folded > w_split  # EP32 over 128 stage ranks at etp 1 holds each expert on 32 ranks, not 64
+    assert local_parameters(folded, folded).expert == pytest.approx(2 * local_parameters(split, split).expert)

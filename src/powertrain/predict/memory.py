@@ -38,6 +38,7 @@ from functools import cache
 from typing import Any
 
 from powertrain.core.flops import Shape, parameter_counts
+from powertrain.predict import moe
 from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 
@@ -132,10 +133,12 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
     p = parameter_counts(shape or case)
     per_rank = rank_layers(case)
     dense_layer = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers / case.tp
-    expert_layer = p["experts"] / case.layers / (case.tp * case.ep)
+    # experts split over etp·ep ranks and replicated over the expert-data-parallel group: the same
+    # placement the step time costs (moe.expert_dp), folded (etp given) or not
+    expert_layer = p["experts"] / case.layers / (case.expert_tp * case.ep)
     w_b, g_b, o_b = _bytes_per_param(case)
     dp_shard = case.dp * case.cp
-    ep_shard = max(1, dp_shard // case.ep)
+    ep_shard = moe.expert_dp(case)[1]
     act_layer = activation_bytes_per_layer(case)
     inflight = in_flight_microbatches(case)
     best: dict[str, float] | None = None
