@@ -80,10 +80,11 @@ def test_the_closest_entries_are_of_the_same_family_first() -> None:
 
 
 def test_a_name_that_fits_two_products_is_ambiguous_not_guessed() -> None:
-    # 94 GB is the NVL card and within 3 % of the 96 GB SXM part: the form factor decides, so it must be stated
+    # two PCIe A100s (40 and 80 GB): the memory size decides, so it must be stated; the nearest size wins
     with pytest.raises(UnknownDeviceError) as exc:
-        get_device("H100 94GB")
-    assert "ambiguous" in str(exc.value) and set(exc.value.closest) == {"h100-nvl", "h100-sxm-96gb"}
+        get_device("A100 PCIe")
+    assert "ambiguous" in str(exc.value) and set(exc.value.closest) == {"a100-pcie-40gb", "a100-pcie-80gb"}
+    assert get_device("H100 94GB").name == "h100-nvl" and get_device("NVIDIA H100 96GB HBM3").name == "h100-sxm-96gb"
 
 
 def test_an_ambiguous_name_is_refused(tmp_path) -> None:

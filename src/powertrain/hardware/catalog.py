@@ -333,7 +333,7 @@ def resolve_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> s
     """The catalog entry a device name means, by exact label or by its stated features.
 
     Rules: the family must match an entry's family; a stated memory size must be within 3 % (or 2 GB) of
-    the entry's; a stated form factor must be one the entry states (entries that state none accept any);
+    the entry's, and of several the nearest sizes win; a stated form factor must be one the entry states (entries that state none accept any);
     a stated vendor must match. Among several entries left, a stated power picks the closest TDP, else
     the entry the family's bare name is an alias of (``A100`` → the 80 GB part); otherwise the name is
     ambiguous. Raises :class:`UnknownDeviceError` (closest entries listed) when nothing or several match.
@@ -361,6 +361,9 @@ def _resolve(name: str, idx: _Index) -> str | UnknownDeviceError:
         cands = [d for d in cands if d.vendor in (q.vendor, "unknown")]
     if q.memory_gb is not None:
         cands = [d for d in cands if abs(_entry_memory_gb(d) - q.memory_gb) <= max(2.0, 0.03 * _entry_memory_gb(d))]
+        if len(cands) > 1:  # "H100 96GB" is the 96 GB part, not the 94 GB card within the tolerance
+            nearest = min(abs(_entry_memory_gb(d) - q.memory_gb) for d in cands)
+            cands = [d for d in cands if abs(_entry_memory_gb(d) - q.memory_gb) == nearest]
     if q.form is not None:
         cands = [d for d in cands if not idx.forms[d.name] or q.form in idx.forms[d.name]]
     if len(cands) == 1:
