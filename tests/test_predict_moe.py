@@ -99,3 +99,17 @@ def test_memory_places_experts_as_the_step_time_does() -> None:
     w_folded, w_split = memory_per_device(folded)[1]["weights"], memory_per_device(split)[1]["weights"]
     assert w_folded > w_split  # EP32 over 128 stage ranks at etp 1 holds each expert on 32 ranks, not 64
     assert local_parameters(folded, folded).expert == pytest.approx(2 * local_parameters(split, split).expert)
+
+
+def test_a_spec_states_parallel_folding_and_an_ep_that_fits_no_group_is_refused() -> None:
+    # EP8 on TP8·DP2: no data-parallel group holds 8 ranks; folded (etp 1) the 16 ranks of the stage do
+    from powertrain.spec.run import RunConfig
+
+    base = dict(model="mixtral-8x22b", knobs={"micro_batch": 1, "global_batch": 256},
+                hardware={"nodes": 2, "devices_per_node": 8, "device": "h100"})
+    with pytest.raises(ValueError, match="ep_divides_dp"):
+        predict(RunConfig(layout={"tp": 8, "ep": 8}, **base))
+    folded = predict(RunConfig(layout={"tp": 8, "ep": 8, "etp": 1}, **base))
+    split = predict(RunConfig(layout={"tp": 8, "ep": 8, "etp": 2}, **base))
+    assert folded.breakdown["layout"]["etp"] == 1 and split.breakdown["layout"]["etp"] == 2
+    assert folded.metrics["mem_per_device_bytes"] > split.metrics["mem_per_device_bytes"]  # each expert on 8 ranks, not 16

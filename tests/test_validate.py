@@ -45,6 +45,9 @@ def test_valid_configs_pass():
     (cfg(world=1, layout={"sequence_parallel": True}), "sequence_parallel_needs_tp", "tp > 1"),
     (cfg(world=2, layout={"cp": 2}), "context_parallel_unsupported", "cp: 1"),
     (cfg("mixtral-8x7b-tiny", layout={"ep": 2, "fsdp": True}), "fsdp_with_ep", "fsdp: false"),
+    (cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4, "etp": 2}), "ep_etp_divides_stage", "divisors of 4"),
+    (cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4, "etp": 1}), "expert_tp_unsupported", "drop layout.etp"),
+    (cfg(layout={"etp": 1}), "ep_needs_moe", "drop layout.etp"),
 ])
 def test_each_rule_names_itself_and_a_fix(config, rule, fix_word):
     found = [v for v in validate(config) if v.rule == rule]
@@ -52,6 +55,19 @@ def test_each_rule_names_itself_and_a_fix(config, rule, fix_word):
     assert fix_word in found[0].fix
     with pytest.raises(ConfigError, match=rule):
         check(config)
+
+
+def test_parallel_folding_lets_ep_span_tensor_parallel_ranks():
+    # EP4 on TP2·DP2 fits no data-parallel group, but folded (etp 1) the 4 ranks of a stage hold it: a layout
+    # Megatron-Core runs, so only the built-in trainer's own limit is left
+    from powertrain.spec.validate import TRAINER_ONLY_RULES, layout_violations
+
+    unfolded = cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4})
+    folded = cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4, "etp": 1})
+    assert "ep_divides_dp" in {v.rule for v in layout_violations(unfolded)}
+    assert rules(folded) == {"expert_tp_unsupported"} and "expert_tp_unsupported" in TRAINER_ONLY_RULES
+    assert layout_violations(folded) == []
+    assert folded.layout.resolve(4).label() == "DP2·TP2·EP4·ETP1"
 
 
 def test_several_violations_are_all_reported():

@@ -31,17 +31,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from powertrain.advise.request import Request
-from powertrain.plan.planner import TRAINER_LIMIT_RULES
 from powertrain.predict import Calibration, Case, Coefficients, memory_per_device
 from powertrain.predict.case import case_from_run_config
 from powertrain.predict.power import phase_powers
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import Hardware, Knobs, RunConfig
-from powertrain.spec.validate import validate
+from powertrain.spec.validate import TRAINER_ONLY_RULES, validate
 
-# Rules that only the built-in trainer imposes (Megatron-LM / NeMo run these configurations).
-TRAINER_ONLY_RULES = TRAINER_LIMIT_RULES | {"context_parallel_unsupported", "tied_embeddings_unsupported",
-                                            "fsdp_with_ep", "data_path", "byte_vocab"}
 RECOMPUTE = ("none", "selective", "full")
 
 

@@ -201,7 +201,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
         gated=m.family in GATED_FAMILIES, tied_embeddings=m.tied_embeddings,
-        tp=lay.tp, pp=lay.pp, dp=dp, cp=lay.cp, ep=lay.ep, vp=lay.virtual_stages,
+        tp=lay.tp, pp=lay.pp, dp=dp, cp=lay.cp, ep=lay.ep, etp=lay.etp, vp=lay.virtual_stages,
         sequence_parallel=lay.sequence_parallel, fsdp=lay.fsdp,
         distributed_optimizer=bool(getattr(lay, "distributed_optimizer", False)),
         owner_broadcast_optimizer=True,  # a RunConfig is what powertrain's own trainer runs

@@ -84,7 +84,8 @@ def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock:
             {"slot": f"gpu{i}", "inlet_c": s.inlet_c, "steady_c": s.steady_c, "peak_c": s.peak_c,
              "throttled": s.throttled, "time_to_steady_s": s.time_to_steady_s} for s in slots for i in s.slots),
             key=lambda d: int(d["slot"][3:])),
-        "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "vp": case.vp,
+        "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "etp": case.etp,
+                   "vp": case.vp,
                    "micro_batches": case.micro_batches},
         "device": case.device.name,
         "device_source": case.device.source,
@@ -95,8 +96,17 @@ def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock:
 
 
 def _as_case(cfg: Any, cal: Calibration) -> Case:
+    if isinstance(cfg, Case):
+        return cfg
+    from powertrain.spec.validate import layout_violations
+
+    # a layout no framework runs (EP that fits no stage, a batch that does not split) is refused by its
+    # rule, never costed; the built-in trainer's own limits (CP, FSDP with EP, folding) are not refusals here
+    broken = layout_violations(cfg)
+    if broken:
+        raise ValueError("; ".join(str(v) for v in broken))
     # a CPU RunConfig takes the calibration's host probe (what its coefficients were fitted against)
-    return cfg if isinstance(cfg, Case) else case_from_run_config(cfg, calibration=cal)
+    return case_from_run_config(cfg, calibration=cal)
 
 
 def predict(cfg: Any, calibration: Calibration | str | None = None) -> Prediction:

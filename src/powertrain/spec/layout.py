@@ -6,6 +6,12 @@ trainer's device mesh, the planner, the predictor) asks this object instead of r
 World = dp × cp × tp × pp. Expert parallelism is carved out of data parallelism as in Megatron
 (the ``ep`` ranks of an expert group are ``ep`` consecutive data-parallel ranks), so ``ep`` must
 divide ``dp × cp`` and does not multiply the world size. FSDP shards over the data-parallel dimension.
+
+``etp`` (expert tensor parallelism) is Megatron-Core's parallel folding: the experts are split ``etp``
+ways instead of ``tp`` ways, and an expert group is ``ep`` ranks ``etp`` apart anywhere in a stage's
+``tp × cp × dp`` ranks (e.g. TP2 with EP64 and ETP1 on 64 ranks per stage), so ``ep × etp`` must divide
+``tp × cp × dp``. The predictor and the advisor cost it; the built-in trainer refuses it
+(``spec.validate``: rule ``expert_tp_unsupported``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ class Layout(BaseModel):
     pp: int = Field(default=1, ge=1, le=MAX_DEGREE)
     cp: int = Field(default=1, ge=1, le=MAX_DEGREE)
     ep: int = Field(default=1, ge=1, le=MAX_DEGREE, description="expert parallel, carved out of dp×cp")
+    etp: int | None = Field(default=None, ge=1, le=MAX_DEGREE,
+                            description="expert tensor parallel (parallel folding: ep×etp divides tp×cp×dp); "
+                                        "unset: experts split like the dense layers (tp). Predicted, not trained")
     fsdp: bool = Field(default=False, description="shard parameters/grads/optimizer over dp (FSDP2)")
     sequence_parallel: bool = Field(default=False, description="shard norms/dropout activations over tp")
     pp_schedule: PipelineSchedule = "1f1b"
@@ -118,6 +127,8 @@ class Layout(BaseModel):
             val = getattr(self, key)
             if key == "dp" or (val and val > 1):
                 parts.append(f"{key.upper()}{val if val is not None else '?'}")
+        if self.etp is not None:
+            parts.append(f"ETP{self.etp}")
         if self.virtual_stages > 1:
             parts.append(f"V{self.virtual_stages}")
         if self.fsdp:

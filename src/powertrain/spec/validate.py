@@ -144,19 +144,37 @@ def rule_pipeline(cfg: RunConfig) -> list[Violation]:
 def rule_experts(cfg: RunConfig) -> list[Violation]:
     lay, m = cfg.layout, cfg.model
     out: list[Violation] = []
-    if lay.ep == 1:
+    if lay.ep == 1 and lay.etp is None:
         return out
     if not m.is_moe:
-        return [Violation("ep_needs_moe", f"ep = {lay.ep} but model {m.name} has no experts",
-                          "set layout.ep: 1 for dense models")]
+        what = f"ep = {lay.ep}" if lay.ep > 1 else f"etp = {lay.etp}"
+        return [Violation("ep_needs_moe", f"{what} but model {m.name} has no experts",
+                          "set layout.ep: 1 and drop layout.etp for dense models")]
     if m.experts % lay.ep:
         out.append(Violation("experts_divisible_by_ep", f"experts ({m.experts}) not divisible by ep ({lay.ep})",
                              f"choose ep among the divisors of {m.experts}"))
     dp = _dp(cfg)
-    if dp and (dp * lay.cp) % lay.ep:
+    if lay.etp is not None:
+        stage = lay.tp * lay.cp * dp if dp else None
+        if stage and stage % (lay.ep * lay.etp):
+            out.append(Violation("ep_etp_divides_stage",
+                                 f"ep×etp ({lay.ep}×{lay.etp}) must divide tp×cp×dp ({lay.tp}×{lay.cp}×{dp} = {stage}): "
+                                 "with parallel folding an expert group and its expert-TP ranks sit inside one "
+                                 "pipeline stage",
+                                 f"choose ep×etp among the divisors of {stage}"))
+        if m.ffn % lay.etp:
+            out.append(Violation("expert_ffn_divisible_by_etp",
+                                 f"expert FFN width ({m.ffn}) not divisible by etp ({lay.etp})",
+                                 f"choose etp among the divisors of {m.ffn}"))
+        out.append(Violation("expert_tp_unsupported",
+                             "layout.etp (parallel folding) is not implemented by the built-in trainer, which "
+                             "carves expert groups out of data parallelism",
+                             "drop layout.etp to train it here; keep it to predict or advise a Megatron-Core run"))
+    elif dp and (dp * lay.cp) % lay.ep:
         out.append(Violation("ep_divides_dp",
                              f"ep ({lay.ep}) must divide dp×cp ({dp}×{lay.cp}): expert parallelism is carved out of data parallelism",
-                             f"choose ep among the divisors of {dp * lay.cp}, or raise the world size"))
+                             f"choose ep among the divisors of {dp * lay.cp}, raise the world size, or set layout.etp "
+                             "(parallel folding: ep×etp divides tp×cp×dp)"))
     if lay.fsdp:
         out.append(Violation("fsdp_with_ep", "FSDP together with expert parallelism is not supported by the built-in trainer",
                              "set layout.fsdp: false (data-parallel replicas with expert parallelism)"))
@@ -281,6 +299,11 @@ def rule_stand_in(cfg: RunConfig) -> list[Violation]:
     return []
 
 
+# Rules that only the built-in trainer imposes: Megatron-Core / NeMo / torchtitan run these configurations,
+# so the predictor and the advisor (engine megatron) do not refuse them.
+TRAINER_ONLY_RULES = frozenset({"pipeline_microbatches", "context_parallel_unsupported", "tied_embeddings_unsupported",
+                                "fsdp_with_ep", "expert_tp_unsupported", "data_path", "byte_vocab"})
+
 RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
                      rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
                      rule_stand_in]
@@ -289,6 +312,12 @@ RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipelin
 def validate(cfg: RunConfig) -> list[Violation]:
     """Every rule ``cfg`` breaks (empty when it can run). Memory fit is added by the predictor."""
     return [v for rule in (*RULES, *_EXTRA_RULES) for v in rule(cfg)]
+
+
+def layout_violations(cfg: RunConfig) -> list[Violation]:
+    """What ``cfg`` breaks that no framework could run (the trainer-only limits left out): what the
+    predictor refuses before costing a configuration."""
+    return [v for v in validate(cfg) if v.rule not in TRAINER_ONLY_RULES]
 
 
 def check(cfg: RunConfig) -> RunConfig:
