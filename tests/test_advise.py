@@ -46,15 +46,32 @@ def test_every_candidate_passes_plans_rules_and_fits_and_counts_add_up():
     seen = set()
     for c in cands[:: max(1, len(cands) // 200)]:
         assert memory_per_device(c.case, CAL.coefficients)[0] <= cap
-        key = (c.case.tp, c.case.pp, c.case.cp, c.case.ep, c.case.fsdp, c.case.sequence_parallel, c.case.pp_schedule,
-               c.case.vp, c.case.micro_batch)
+        key = (c.case.tp, c.case.pp, c.case.cp, c.case.ep, c.case.etp, c.case.fsdp, c.case.sequence_parallel,
+               c.case.pp_schedule, c.case.vp, c.case.micro_batch)
         if key in seen:
             continue
         seen.add(key)
         lay = {"tp": c.case.tp, "pp": c.case.pp, "cp": c.case.cp, "dp": c.case.dp, "ep": c.case.ep,
-               "fsdp": c.case.fsdp, "sequence_parallel": c.case.sequence_parallel,
+               "etp": c.case.etp, "fsdp": c.case.fsdp, "sequence_parallel": c.case.sequence_parallel,
                "pp_schedule": c.case.pp_schedule, "virtual_stages": c.case.vp}
         assert rule_failures(req, validation_config(req, lay, c.case.micro_batch)) == []
+
+
+def test_megatron_engine_also_searches_parallel_folding_and_emits_it():
+    # EP spanning TP ranks (etp 1) is a Megatron-Core layout: searched for megatron, never for the built-in trainer
+    from powertrain.advise.emit import emit_flags, run_spec_dict
+    from powertrain.advise.space import Candidate
+
+    mega = [s for s in structures(_mixtral(engine="megatron")) if s["etp"] == 1]
+    assert mega and all(s["tp"] > 1 for s in mega)
+    assert any((s["dp"] * s["cp"]) % s["ep"] for s in mega)  # EP larger than any data-parallel group
+    assert not [s for s in structures(_mixtral(engine="builtin")) if s["etp"] is not None]
+    req = _mixtral(engine="megatron")
+    folded = next(c for c in enumerate_candidates(req, CAL) if c.case.etp == 1)
+    assert "ETP1" in folded.label() and "--expert-tensor-parallel-size 1" in emit_flags(folded, req, "megatron")
+    spec, notes = run_spec_dict(folded, req, name="folded")
+    assert spec["layout"]["etp"] == 1 and any("parallel folding" in n for n in notes)
+    assert isinstance(folded, Candidate)
 
 
 def test_builtin_engine_keeps_the_trainers_limits_megatron_does_not():

@@ -27,18 +27,19 @@ class Anchor:
     runs: tuple[str, ...]
 
     def text(self) -> str:
-        tp, pp, cp, ep, fsdp, sched, vp = self.family
+        tp, pp, cp, ep, fsdp, sched, vp, etp = self.family
         fam = "·".join(f"{k}{v}" for k, v in (("TP", tp), ("PP", pp), ("CP", cp), ("EP", ep), ("V", vp)) if v > 1)
+        fam += f"·ETP{etp}" if etp is not None else ""
         sched_txt = f" {sched}" if pp > 1 else ""
         return f"{fam or 'DP'}{'·FSDP' if fsdp else ''}{sched_txt} ×{self.factor:.2f} ({len(self.runs)} measured run(s))"
 
 
-Family = tuple[int, int, int, int, bool, str, int]
+Family = tuple[int, int, int, int, bool, str, int, int | None]
 
 
 def family(case: Case) -> Family:
-    """What a measured run stands for: the degrees, FSDP, and (with a pipeline) its schedule."""
-    return (case.tp, case.pp, case.cp, case.ep, case.fsdp, case.pp_schedule if case.pp > 1 else "", case.vp)
+    """What a measured run stands for: the degrees, FSDP, (with a pipeline) its schedule, and expert folding."""
+    return (case.tp, case.pp, case.cp, case.ep, case.fsdp, case.pp_schedule if case.pp > 1 else "", case.vp, case.etp)
 
 
 def profile_anchors(cal: Calibration, world: int, transport: str) -> dict[Family, Anchor]:

@@ -47,9 +47,9 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
     if c.overlap_param_gather:
         notes.append("parameter-gather overlap is a Megatron distributed-optimizer flag (--overlap-param-gather); "
                      "the built-in trainer has no such knob")
-    if c.cp > 1 or (lay.fsdp and lay.ep > 1):
-        notes.append("context parallelism / FSDP with EP: the built-in trainer refuses these (plan rejects the "
-                     "spec); run this configuration with Megatron-LM or NeMo (--emit megatron / nemo)")
+    if c.cp > 1 or (lay.fsdp and lay.ep > 1) or lay.etp is not None:
+        notes.append("context parallelism / FSDP with EP / parallel folding (etp): the built-in trainer refuses these "
+                     "(plan rejects the spec); run this configuration with Megatron-LM or NeMo (--emit megatron / nemo)")
     knobs: dict[str, Any] = {
         "micro_batch": c.micro_batch, "global_batch": c.global_batch, "recompute": c.recompute, "precision": prec,
         "overlap": {"async_tp": bool(c.overlap_tp and c.tp > 1), "grad_reduce_in_backward": bool(c.overlap_dp),
@@ -66,6 +66,8 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
         knobs["power_limit_w"] = float(c.power_limit_w)
     layout: dict[str, Any] = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "fsdp": lay.fsdp,
               "sequence_parallel": lay.sequence_parallel, "distributed_optimizer": c.distributed_optimizer}
+    if lay.etp is not None:
+        layout["etp"] = lay.etp
     if lay.pp > 1:
         layout.update(pp_schedule=lay.pp_schedule, virtual_stages=lay.virtual_stages)
         split = pp_split or (list(c.pp_split) if isinstance(c.pp_split, list) else None)
@@ -143,6 +145,8 @@ def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
                f"trainer.plugins.precision={'bf16-mixed' if req.precision == 'bf16' else req.precision}"]
         if lay.virtual_stages > 1:
             out.append(f"trainer.strategy.virtual_pipeline_model_parallel_size={lay.virtual_stages}")
+        if lay.etp is not None:
+            out.append(f"trainer.strategy.expert_tensor_parallel_size={lay.etp}")
         if c.recompute == "full":
             out += ["model.config.recompute_method=block",
                     f"model.config.recompute_num_layers={max(1, c.layers // max(1, lay.pp * lay.virtual_stages))}"]
@@ -166,6 +170,8 @@ def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
             out.append(f"--parallelism.pipeline_parallel_schedule {sched}")
         if lay.ep > 1:
             out.append(f"--parallelism.expert_parallel_degree {lay.ep}")
+        if lay.etp is not None:
+            out.append(f"--parallelism.expert_tensor_parallel_degree {lay.etp}")
         if c.overlap_tp and lay.tp > 1:
             out.append("--parallelism.enable_async_tensor_parallel")
         if req.precision == "fp8":
@@ -182,6 +188,8 @@ def _megatron(cand: Candidate, req: Request) -> str:
            f"--context-parallel-size {lay.cp}", f"--expert-model-parallel-size {lay.ep}",
            f"--micro-batch-size {c.micro_batch}", f"--global-batch-size {c.global_batch}",
            f"--seq-length {c.seq_len}"]
+    if lay.etp is not None:
+        out.append(f"--expert-tensor-parallel-size {lay.etp}")
     if lay.sequence_parallel:
         out.append("--sequence-parallel")
     if lay.virtual_stages > 1:

@@ -4,7 +4,8 @@ The search space, per request (world ``W`` = nodes × GPUs per node):
 
 * structure — TP, PP, CP among the divisors of ``W`` (DP = W / (TP·PP·CP)); PP schedule 1F1B, GPipe,
   or interleaved 1F1B with ``v`` virtual stages (``v`` dividing layers/PP, up to ``max_vp``); EP among
-  the divisors of the expert count that divide DP·CP; FSDP on/off; sequence parallel on/off (TP > 1);
+  the divisors of the expert count that divide DP·CP, and for the ``megatron`` engine with TP also
+  parallel folding (ETP 1, EP among the divisors that divide TP·CP·DP); FSDP on/off; sequence parallel on/off (TP > 1);
   micro-batch among the divisors of global batch / DP;
 * memory knobs — recompute none / selective / full; distributed optimizer (not with FSDP);
 * overlap flags — TP-comm overlap (TP > 1), DP gradient-reduce overlap (DP > 1, no FSDP), FSDP
@@ -111,13 +112,21 @@ def structures(req: Request) -> Iterator[dict[str, Any]]:
                     continue  # CP splits each sequence in 2·cp chunks (load-balanced causal attention)
                 dp = w // (tp * pp * cp)
                 for sched, vp in _schedules(m.layers, pp, req.max_vp):
-                    for ep in divisors(experts):
-                        if (dp * cp) % ep:
-                            continue
+                    for ep, etp in _expert_placements(req, experts, tp, cp, dp):
                         for fsdp in (False, True) if dp * cp > 1 else (False,):
                             for sp in (False, True) if tp > 1 else (False,):
-                                yield {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "fsdp": fsdp,
+                                yield {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "etp": etp, "fsdp": fsdp,
                                        "sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": vp}
+
+
+def _expert_placements(req: Request, experts: int, tp: int, cp: int, dp: int) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs: EP carved out of dp·cp (etp unset: experts split like the dense layers), and for
+    the ``megatron`` engine with TP also parallel folding (etp 1: EP spans tp·cp·dp), which Megatron-Core
+    runs and the built-in trainer does not."""
+    out: list[tuple[int, int | None]] = [(ep, None) for ep in divisors(experts) if (dp * cp) % ep == 0]
+    if experts > 1 and tp > 1 and req.engine == "megatron":
+        out += [(ep, 1) for ep in divisors(experts) if ep > 1 and (tp * cp * dp) % ep == 0]
+    return out
 
 
 def _knob_variants(lay: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -257,7 +266,8 @@ def _binds(req: Request, c: Coefficients, cap: float) -> bool:
 
 
 def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist: bool) -> Case:
-    return replace(base, tp=lay["tp"], pp=lay["pp"], cp=lay["cp"], dp=lay["dp"], ep=lay["ep"], fsdp=lay["fsdp"],
+    return replace(base, tp=lay["tp"], pp=lay["pp"], cp=lay["cp"], dp=lay["dp"], ep=lay["ep"], etp=lay["etp"],
+                   fsdp=lay["fsdp"],
                    sequence_parallel=lay["sequence_parallel"], pp_schedule=lay["pp_schedule"],
                    vp=lay["virtual_stages"], pp_split="even", micro_batch=mb, global_batch=req.global_batch,
                    recompute=rc, distributed_optimizer=dist, owner_broadcast_optimizer=req.engine == "builtin",
