@@ -42,6 +42,8 @@ TRAINER = "tests/test_workload_trainer.py::"
 RUN = "tests/test_workload_run.py::test_run_writes_a_complete_run_directory"
 HERE = "tests/test_knob_walk.py::"
 
+MOE = {**TINY, "family": "mixtral", "experts": 4, "top_k": 2}
+
 W = dict[str, Any]
 WALK: dict[str, W] = {
     # -- the run spec (RunConfig) ---------------------------------------------------------------------
@@ -55,6 +57,14 @@ WALK: dict[str, W] = {
     **{f"layout.{f}": {"wired": LAYERS} for f in ("tp", "pp", "ep", "fsdp", "sequence_parallel", "pp_schedule",
                                                    "virtual_stages", "pp_split")},
     "layout.cp": {"refused": ("context_parallel_unsupported", {"layout": {"cp": 2}, **CPU2})},
+    "layout.etp": {"refused": ("expert_tp_unsupported", {"model": MOE, "layout": {"tp": 2, "ep": 2, "etp": 1}, **CPU2})},
+    "model.attention_head_dim": {"wired": TRAINER + "test_a_head_width_apart_from_hidden_is_built_and_counted"},
+    **{f"model.{f}": {"refused": ("model_architecture_unsupported", {"model": {**MOE, **over}})}
+       for f, over in (("dense_layers", {"dense_layers": 1}), ("dense_ffn", {"dense_layers": 1, "dense_ffn": 96}),
+                       ("shared_ffn", {"shared_ffn": 64}), ("kv_lora_rank", {"kv_lora_rank": 16}),
+                       ("q_lora_rank", {"kv_lora_rank": 16, "q_lora_rank": 16}),
+                       ("qk_rope_dim", {"kv_lora_rank": 16, "qk_rope_dim": 4}),
+                       ("v_head_dim", {"kv_lora_rank": 16, "v_head_dim": 8}), ("mtp_layers", {"mtp_layers": 1}))},
     "layout.distributed_optimizer": {"wired": HERE + "test_trainer_knobs_change_what_the_ranks_build"},
     "knobs.micro_batch": {"wired": TRAINER + "test_trainer_marks_steps_and_phases"},
     "knobs.global_batch": {"wired": TRAINER + "test_trainer_marks_steps_and_phases"},

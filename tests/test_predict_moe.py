@@ -113,3 +113,26 @@ def test_a_spec_states_parallel_folding_and_an_ep_that_fits_no_group_is_refused(
     split = predict(RunConfig(layout={"tp": 8, "ep": 8, "etp": 2}, **base))
     assert folded.breakdown["layout"]["etp"] == 1 and split.breakdown["layout"]["etp"] == 2
     assert folded.metrics["mem_per_device_bytes"] > split.metrics["mem_per_device_bytes"]  # each expert on 8 ranks, not 16
+
+
+def test_public_models_plan_from_a_spec_as_their_published_runs_read() -> None:
+    # the spec catalog's DeepSeek-V3 is the model the published-run reader builds: MLA, 1 shared expert of
+    # 2048, 3 dense layers of 18432, 1 MTP module — predicted, and refused only by the built-in trainer
+    from powertrain.predict.case import case_from_run_config
+    from powertrain.spec.run import RunConfig
+    from powertrain.spec.validate import layout_violations, validate
+
+    cfg = RunConfig(model="deepseek-v3", layout={"tp": 2, "pp": 8, "ep": 64, "etp": 1},
+                    knobs={"micro_batch": 1, "global_batch": 8192},
+                    hardware={"nodes": 128, "devices_per_node": 8, "device": "h100"})
+    spec, published = case_from_run_config(cfg), _dsv3()
+    for f in ("layers", "hidden", "ffn", "expert_ffn", "heads", "kv_heads", "vocab", "experts", "top_k", "head_dim",
+              "shared_width", "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim", "mtp_layers"):
+        assert getattr(spec, f) == getattr(published, f), f
+    assert sum(parameter_counts(spec).values()) == pytest.approx(671e9, rel=0.03)
+    assert {"model_architecture_unsupported", "expert_tp_unsupported"} <= {v.rule for v in validate(cfg)}
+    assert layout_violations(cfg) == [] and predict(cfg).metrics["tokens_per_s"] > 0
+    qwen = RunConfig(model="qwen3-30b-a3b", layout={"ep": 8}, knobs={"micro_batch": 1, "global_batch": 64},
+                     hardware={"devices_per_node": 8, "device": "h100"})
+    p = parameter_counts(case_from_run_config(qwen))
+    assert sum(p.values()) == pytest.approx(30.5e9, rel=0.03)  # Qwen3-30B-A3B: 30.5 B total

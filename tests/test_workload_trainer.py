@@ -80,6 +80,18 @@ def test_families_have_their_architecture():
             assert cfg.hidden <= 256
 
 
+def test_a_head_width_apart_from_hidden_is_built_and_counted():
+    # Qwen3's attention: heads × head width ≠ hidden; the trainer builds it and the FLOP model counts the same
+    from powertrain.core.flops import parameter_counts, shape_of
+
+    cfg = RunConfig(model={**LLAMA, "attention_head_dim": 16}).model
+    attn = build_model(cfg).layers["0"].attention
+    assert (attn.wq.in_features, attn.wq.out_features, attn.wo.in_features) == (32, 4 * 16, 4 * 16)
+    model = build_model(cfg)
+    built = sum(p.numel() for n, p in model.named_parameters() if ".attention." in n)  # not attention_norm
+    assert built == parameter_counts(shape_of(cfg))["attention"]
+
+
 def test_batches_are_deterministic_and_split_over_dp(tmp_path):
     cfg = RunConfig(model=LLAMA)
     b = Batches(cfg.data, cfg.model, global_batch=8, seed=0)

@@ -55,7 +55,9 @@ def shape_of(model: Any, seq_len: int | None = None) -> Shape:
     experts = int(getattr(model, "experts", 1) or 1)
     moe_ffn = int(getattr(model, "moe_ffn", 0) or 0) or (model.ffn if experts > 1 else 0)
     extra = (int(getattr(model, k, 0) or 0) for k in _EXTRA)
-    return Shape(model.layers, model.hidden, model.ffn, model.heads, model.kv_heads, model.vocab,
+    # a ModelConfig's MoE `ffn` is the expert's width, its dense layers' width `dense_ffn` (a Case: ffn, moe_ffn)
+    ffn = int(getattr(model, "dense_ffn", 0) or 0) or model.ffn
+    return Shape(model.layers, model.hidden, ffn, model.heads, model.kv_heads, model.vocab,
                  int(seq_len or model.seq_len), experts, int(getattr(model, "top_k", 1) or 1), moe_ffn,
                  int(getattr(model, "shared_experts", 0) or 0), bool(gated), *extra)
 

@@ -198,8 +198,11 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
     else:
         dev = get_device(hw.device)
     return Case(
-        layers=m.layers, hidden=m.hidden, ffn=m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
+        layers=m.layers, hidden=m.hidden, ffn=m.dense_ffn or m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
+        head_dim=m.attention_head_dim, shared_ffn=m.shared_ffn, dense_layers=m.dense_layers,
+        q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_rope_dim=m.qk_rope_dim, v_head_dim=m.v_head_dim,
+        mtp_layers=m.mtp_layers,
         gated=m.family in GATED_FAMILIES, tied_embeddings=m.tied_embeddings,
         tp=lay.tp, pp=lay.pp, dp=dp, cp=lay.cp, ep=lay.ep, etp=lay.etp, vp=lay.virtual_stages,
         sequence_parallel=lay.sequence_parallel, fsdp=lay.fsdp,

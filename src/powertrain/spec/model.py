@@ -2,8 +2,9 @@
 
 The study's four models are here at full size (for planning and prediction) and as ``-tiny``
 variants of the same shape (same family, same heads/KV ratio, same expert count and top-k; a few
-layers and d ≤ 256) that train on a laptop CPU in seconds. Any other model is given inline with the
-same fields.
+layers and d ≤ 256) that train on a laptop CPU in seconds; so are public models for planning
+(Llama 3 8B and 3.1 405B, Qwen3 MoE, DeepSeek-V3, Kimi K2, with MLA, shared experts and leading dense
+layers where they have them). Any other model is given inline with the same fields.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ class ModelConfig(BaseModel):
     experts: int = Field(default=1, ge=1, le=1 << 16)
     top_k: int = Field(default=1, ge=1, le=1 << 16)
     tied_embeddings: bool = False
+    # Modern attention and MoE (0: the plain transformer's value). The predictor costs all of them; the
+    # built-in trainer builds attention_head_dim and refuses the rest (spec.validate, rule
+    # model_architecture_unsupported), so a spec can plan DeepSeek-V3 or Qwen3 without being run as
+    # something else.
+    attention_head_dim: int = Field(default=0, ge=0, le=1 << 16,
+                                    description="attention head width when heads × head width ≠ hidden (Qwen3: 128)")
+    dense_layers: int = Field(default=0, ge=0, le=100_000, description="leading layers with a dense MLP (MoE only)")
+    dense_ffn: int = Field(default=0, ge=0, le=1 << 22, description="FFN width of the dense layers (0: ffn)")
+    shared_ffn: int = Field(default=0, ge=0, le=1 << 22, description="total width of the shared experts (MoE)")
+    q_lora_rank: int = Field(default=0, ge=0, le=1 << 20, description="MLA: query down-projection rank (0: none)")
+    kv_lora_rank: int = Field(default=0, ge=0, le=1 << 20, description="MLA: key/value down-projection rank; "
+                              "> 0 makes the attention MLA (DeepSeek-V2/V3, Kimi K2)")
+    qk_rope_dim: int = Field(default=0, ge=0, le=1 << 16, description="MLA: rotary part of the query/key head")
+    v_head_dim: int = Field(default=0, ge=0, le=1 << 16, description="MLA: value head width (0: the head width)")
+    mtp_layers: int = Field(default=0, ge=0, le=64, description="multi-token-prediction modules")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -52,11 +68,25 @@ class ModelConfig(BaseModel):
             raise ValueError(f"{self.family} family is dense: experts must be 1 (use family mixtral for MoE)")
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        if (self.dense_layers or self.shared_ffn) and self.experts < 2:
+            raise ValueError("dense_layers and shared_ffn describe an MoE model: use family mixtral with experts >= 2")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"dense_layers ({self.dense_layers}) must leave MoE layers (layers = {self.layers})")
+        if self.dense_ffn and not self.dense_layers:
+            raise ValueError("dense_ffn is the width of the leading dense layers: set dense_layers too")
+        if (self.q_lora_rank or self.qk_rope_dim or self.v_head_dim) and not self.kv_lora_rank:
+            raise ValueError("q_lora_rank, qk_rope_dim and v_head_dim are MLA's: set kv_lora_rank (> 0) too")
         return self
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """Attention head width: attention_head_dim where set, else hidden / heads."""
+        return self.attention_head_dim or self.hidden // self.heads
+
+    def unbuilt_features(self) -> list[str]:
+        """The fields the built-in trainer does not build (it refuses a spec that sets any)."""
+        return [f for f in ("dense_layers", "dense_ffn", "shared_ffn", "q_lora_rank", "kv_lora_rank", "qk_rope_dim",
+                            "v_head_dim", "mtp_layers") if getattr(self, f)]
 
     @property
     def is_moe(self) -> bool:
@@ -141,6 +171,31 @@ ARCHITECTURE_DETAILS: dict[str, dict[str, int]] = {
     "moonlight-16b-a3b": {"head_dim": 128, "kv_lora_rank": 512, "qk_rope_dim": 64, "v_head_dim": 128,
                           "shared_ffn": 2816, "dense_layers": 1},
 }
+
+
+def _add_public(name: str, **kw: Any) -> None:
+    """A public model at full size for planning (predict, advise), its details from ARCHITECTURE_DETAILS."""
+    d = dict(ARCHITECTURE_DETAILS.get(name, {}))
+    hd = d.pop("head_dim", 0)
+    if (hd and hd != kw["hidden"] // kw["heads"]) or d.get("kv_lora_rank"):
+        d["attention_head_dim"] = hd
+    _add(name=name, **kw, **d)
+
+
+# Released configs (config.json of each): MoE `ffn` is the routed expert's width, `dense_ffn` the
+# leading dense layers'. Planning only: the built-in trainer refuses their MLA / shared / dense layers.
+_add_public("llama3-8b", family="llama", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,
+            vocab=128256, seq_len=8192)
+_add_public("llama3.1-405b", family="llama", layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8,
+            vocab=128256, seq_len=8192)
+_add_public("qwen3-30b-a3b", family="mixtral", layers=48, hidden=2048, ffn=768, heads=32, kv_heads=4,
+            vocab=151936, seq_len=4096, experts=128, top_k=8)
+_add_public("qwen3-235b-a22b", family="mixtral", layers=94, hidden=4096, ffn=1536, heads=64, kv_heads=4,
+            vocab=151936, seq_len=4096, experts=128, top_k=8)
+_add_public("deepseek-v3", family="mixtral", layers=61, hidden=7168, ffn=2048, dense_ffn=18432, heads=128,
+            kv_heads=128, vocab=129280, seq_len=4096, experts=256, top_k=8)
+_add_public("kimi-k2", family="mixtral", layers=61, hidden=7168, ffn=2048, dense_ffn=18432, heads=64,
+            kv_heads=64, vocab=163840, seq_len=4096, experts=384, top_k=8)
 
 
 def architecture_details(name: str | None) -> dict[str, int]:

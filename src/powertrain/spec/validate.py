@@ -200,6 +200,13 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
     if cfg.model.tied_embeddings:
         out.append(Violation("tied_embeddings_unsupported", "tied embeddings are not implemented by the built-in trainer",
                              "set model.tied_embeddings: false"))
+    unbuilt = cfg.model.unbuilt_features()
+    if unbuilt:
+        out.append(Violation("model_architecture_unsupported",
+                             f"model {cfg.model.name} sets {', '.join('model.' + f for f in unbuilt)}: MLA, shared experts, "
+                             "leading dense layers and multi-token prediction are not built by the built-in trainer",
+                             "predict or advise this model (Megatron-Core runs it), or drop those fields to train the "
+                             "plain transformer here"))
     if cfg.data.kind == "text":
         if cfg.data.path is None or not cfg.data.path.is_file():
             out.append(Violation("data_path", f"data.kind text needs an existing file, got {cfg.data.path}",
@@ -302,7 +309,8 @@ def rule_stand_in(cfg: RunConfig) -> list[Violation]:
 # Rules that only the built-in trainer imposes: Megatron-Core / NeMo / torchtitan run these configurations,
 # so the predictor and the advisor (engine megatron) do not refuse them.
 TRAINER_ONLY_RULES = frozenset({"pipeline_microbatches", "context_parallel_unsupported", "tied_embeddings_unsupported",
-                                "fsdp_with_ep", "expert_tp_unsupported", "data_path", "byte_vocab"})
+                                "fsdp_with_ep", "expert_tp_unsupported", "model_architecture_unsupported",
+                                "data_path", "byte_vocab"})
 
 RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
                      rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
