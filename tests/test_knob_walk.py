@@ -57,6 +57,8 @@ WALK: dict[str, W] = {
     **{f"layout.{f}": {"wired": LAYERS} for f in ("tp", "pp", "ep", "fsdp", "sequence_parallel", "pp_schedule",
                                                    "virtual_stages", "pp_split")},
     "layout.cp": {"refused": ("context_parallel_unsupported", {"layout": {"cp": 2}, **CPU2})},
+    "knobs.fp8_recipe": {"wired": "tests/test_predict_precision.py::test_a_spec_plans_fp8_with_its_recipe",
+                         "refused": ("recipe_needs_fp8", {"knobs": {"fp8_recipe": "delayed"}})},
     "layout.etp": {"refused": ("expert_tp_unsupported", {"model": MOE, "layout": {"tp": 2, "ep": 2, "etp": 1}, **CPU2})},
     "model.attention_head_dim": {"wired": TRAINER + "test_a_head_width_apart_from_hidden_is_built_and_counted"},
     **{f"model.{f}": {"refused": ("model_architecture_unsupported", {"model": {**MOE, **over}})}

@@ -48,6 +48,8 @@ def test_valid_configs_pass():
     (cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4, "etp": 2}), "ep_etp_divides_stage", "divisors of 4"),
     (cfg("mixtral-8x7b-tiny", world=4, layout={"tp": 2, "ep": 4, "etp": 1}), "expert_tp_unsupported", "drop layout.etp"),
     (cfg(layout={"etp": 1}), "ep_needs_moe", "drop layout.etp"),
+    (cfg(knobs={"precision": "fp8"}), "low_precision_unsupported", "bf16"),
+    (cfg(knobs={"precision": "bf16", "fp8_recipe": "mxfp8"}), "recipe_needs_fp8", "precision: fp8"),
 ])
 def test_each_rule_names_itself_and_a_fix(config, rule, fix_word):
     found = [v for v in validate(config) if v.rule == rule]

@@ -39,11 +39,12 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
     from a placement (:func:`powertrain.advise.placement.place_stages`)."""
     c, lay = cand.case, cand.layout
     notes: list[str] = []
-    prec = req.precision
-    if prec not in ("fp32", "bf16"):
-        notes.append(f"precision {prec}: the spec holds fp32 or bf16 (the built-in trainer's); written as bf16 — "
-                     "run it with an engine that supports it (see --emit megatron)")
-        prec = "bf16"
+    prec = {"tf32": "fp32", "fp16": "bf16"}.get(req.precision, req.precision)
+    if prec != req.precision:
+        notes.append(f"precision {req.precision}: the spec holds fp32, bf16, fp8 or fp4; written as {prec}")
+    if prec in ("fp8", "fp4"):
+        notes.append(f"precision {prec}: the built-in trainer trains fp32 or bf16 (plan rejects the spec); run this "
+                     "configuration with Megatron-LM or NeMo (--emit megatron / nemo)")
     if c.overlap_param_gather:
         notes.append("parameter-gather overlap is a Megatron distributed-optimizer flag (--overlap-param-gather); "
                      "the built-in trainer has no such knob")

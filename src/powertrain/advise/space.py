@@ -169,8 +169,9 @@ def _power_points(req: Request, c: Coefficients) -> list[tuple[float | None, flo
 def validation_config(req: Request, lay: dict[str, Any], mb: int) -> RunConfig:
     """The RunConfig the planner's rules are checked on for one structure and micro-batch."""
     layout = Layout(**{k: v for k, v in lay.items() if k != "dp"})
-    knobs = Knobs(micro_batch=mb, global_batch=req.global_batch,
-                  precision="fp32" if req.precision in ("fp32", "tf32") else "bf16")
+    # the spec's precision as the trainer would be asked for it (tf32 is fp32 there, fp16 a 16-bit run)
+    prec = {"tf32": "fp32", "fp16": "bf16"}.get(req.precision, req.precision)
+    knobs = Knobs(micro_batch=mb, global_batch=req.global_batch, precision=prec)
     hw = Hardware(nodes=req.nodes, devices_per_node=req.devices_per_node, device=req.device_name)
     return RunConfig(name="advise", model=req.model, layout=layout, knobs=knobs, hardware=hw)
 

@@ -210,7 +210,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         owner_broadcast_optimizer=True,  # a RunConfig is what powertrain's own trainer runs
         pp_schedule=lay.pp_schedule, pp_split=lay.pp_split,
         micro_batch=k.micro_batch, global_batch=k.global_batch, recompute=k.recompute,
-        precision=k.precision, overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
+        precision=k.precision, recipe=k.fp8_recipe or "", overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
         overlap_fsdp=ov.fsdp_prefetch, power_limit_w=k.power_limit_w,
         measured_steps=cfg.protocol.measured_steps,
         device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,

@@ -21,7 +21,9 @@ MAX_NODES = 65_536
 MAX_DEVICES_PER_NODE = 1_024
 MAX_STEPS = 10_000_000
 MAX_SECONDS = 7 * 86_400.0
-Precision = Literal["fp32", "bf16"]
+# fp8/fp4 are for planning (predict, advise): the built-in trainer trains fp32 or bf16 and refuses them
+Precision = Literal["fp32", "bf16", "fp8", "fp4"]
+Fp8Recipe = Literal["delayed", "current", "blockwise", "mxfp8"]
 
 
 class Overlap(BaseModel):
@@ -44,6 +46,8 @@ class Knobs(BaseModel):
     recompute: Recompute = "none"
     overlap: Overlap = Overlap()
     precision: Precision = "fp32"
+    fp8_recipe: Fp8Recipe | None = Field(default=None, description="fp8 scaling recipe (Transformer Engine): delayed, "
+                                         "current, blockwise or mxfp8; unset: the GPU generation's usual one")
     # Device controls (powertrain.control): set on every device of every node before warm-up, read
     # back, recorded as requested/in effect and restored after the run. None leaves the device as found.
     power_limit_w: float | None = Field(default=None, gt=0, le=100_000, allow_inf_nan=False,

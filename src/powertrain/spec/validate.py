@@ -192,6 +192,15 @@ def rule_batch(cfg: RunConfig) -> list[Violation]:
     return []
 
 
+def rule_recipe(cfg: RunConfig) -> list[Violation]:
+    """An fp8 recipe only means something for fp8 GEMMs: set with another precision it would be ignored."""
+    k = cfg.knobs
+    if k.fp8_recipe is not None and k.precision != "fp8":
+        return [Violation("recipe_needs_fp8", f"knobs.fp8_recipe {k.fp8_recipe} is set but knobs.precision is "
+                          f"{k.precision}", "set knobs.precision: fp8, or drop knobs.fp8_recipe")]
+    return []
+
+
 def rule_supported(cfg: RunConfig) -> list[Violation]:
     out = []
     if cfg.layout.cp > 1:
@@ -200,6 +209,11 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
     if cfg.model.tied_embeddings:
         out.append(Violation("tied_embeddings_unsupported", "tied embeddings are not implemented by the built-in trainer",
                              "set model.tied_embeddings: false"))
+    if cfg.knobs.precision in ("fp8", "fp4"):
+        out.append(Violation("low_precision_unsupported",
+                             f"knobs.precision {cfg.knobs.precision}: the built-in trainer trains fp32 or bf16",
+                             "predict or advise it (Transformer Engine runs it), or use knobs.precision: bf16 to "
+                             "train here"))
     unbuilt = cfg.model.unbuilt_features()
     if unbuilt:
         out.append(Violation("model_architecture_unsupported",
@@ -310,10 +324,11 @@ def rule_stand_in(cfg: RunConfig) -> list[Violation]:
 # so the predictor and the advisor (engine megatron) do not refuse them.
 TRAINER_ONLY_RULES = frozenset({"pipeline_microbatches", "context_parallel_unsupported", "tied_embeddings_unsupported",
                                 "fsdp_with_ep", "expert_tp_unsupported", "model_architecture_unsupported",
+                                "low_precision_unsupported",
                                 "data_path", "byte_vocab"})
 
 RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
-                     rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
+                     rule_recipe, rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
                      rule_stand_in]
 
 
