@@ -270,3 +270,12 @@ def test_expert_placement_folds_what_only_folding_holds_and_refuses_what_nothing
     assert why is None and folded.etp == 1 and "parallel folding" in notes[0]
     _, why = _expert_placement(Case(**{**base, "global_batch": 256}, tp=1, pp=8, dp=32, ep=64), [])
     assert why and "does not divide the 32 ranks of a pipeline stage" in why
+
+
+def test_a_gpu_generation_no_published_run_has_is_said_to_be_unvalidated() -> None:
+    from powertrain.cli.predict import _VALIDATED_GENERATIONS, published_generations, unvalidated_devices
+
+    seen = published_generations()
+    assert seen >= _VALIDATED_GENERATIONS  # the shortcut never hides a generation the files lack
+    assert unvalidated_devices(["h100-sxm", "gb200"]) == []
+    assert unvalidated_devices(["mi300x", "h100-sxm", "mi355x"]) == ["mi300x", "mi355x"]

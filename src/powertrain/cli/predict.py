@@ -242,6 +242,37 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
             note = heldout_note(cal.error, arch)
             if note:
                 out.print(note)
+    unseen = unvalidated_devices([p.breakdown["device"] for c, p in results if not is_cpu_name(c.hardware.device)])
+    if unseen:
+        out.print(f"note: no published run on {', '.join(unseen)} (or its GPU generation) was fitted or held out: its GEMM "
+                  "efficiency ratio is the literature's or, where none is known, Hopper's, so its figures and interval "
+                  "are not validated")
+
+
+def unvalidated_devices(devices: list[str]) -> list[str]:
+    """Catalog devices among ``devices`` whose GPU generation no packaged published run (calibration or held
+    out) has: what the model says about them rests on priors alone."""
+    from powertrain.predict.precision import generation
+
+    gens = {d: generation(d) for d in dict.fromkeys(devices)}
+    if all(g in _VALIDATED_GENERATIONS for g in gens.values()):
+        return []
+    seen = published_generations()
+    return [d for d, g in gens.items() if g not in seen]
+
+
+# generations every packaged published set is known to cover (checked against the files by a test); others are
+# looked up in the files, which is slower and only needed for rarer devices
+_VALIDATED_GENERATIONS = frozenset({"ampere", "hopper", "blackwell", "blackwell_ultra"})
+
+
+def published_generations() -> set[str]:
+    """GPU generations of the packaged published runs (calibration file and held-out sets)."""
+    from powertrain.predict.precision import generation
+    from powertrain.predict.published import HELDOUT_FILES, load_published
+
+    runs = load_published() + [r for path in HELDOUT_FILES for r in load_published(path)]
+    return {generation(r.case.device.name) for r in runs if r.case is not None}
 
 
 def heldout_note(error: dict[str, Any], arch: str) -> str | None:
