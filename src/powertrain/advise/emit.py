@@ -22,7 +22,7 @@ import yaml
 from powertrain.advise.request import Request
 from powertrain.advise.space import Candidate
 from powertrain.spec.model import catalog
-from powertrain.spec.run import Knobs, RunConfig
+from powertrain.spec.run import Knobs, RunConfig, spec_precision
 
 ENGINES = ("megatron", "nemo", "torchtitan")
 
@@ -39,7 +39,7 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
     from a placement (:func:`powertrain.advise.placement.place_stages`)."""
     c, lay = cand.case, cand.layout
     notes: list[str] = []
-    prec = {"tf32": "fp32", "fp16": "bf16"}.get(req.precision, req.precision)
+    prec = spec_precision(req.precision)
     if prec != req.precision:
         notes.append(f"precision {req.precision}: the spec holds fp32, bf16, fp8 or fp4; written as {prec}")
     if prec in ("fp8", "fp4"):

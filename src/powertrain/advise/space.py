@@ -36,7 +36,7 @@ from powertrain.predict import Calibration, Case, Coefficients, memory_per_devic
 from powertrain.predict.case import case_from_run_config
 from powertrain.predict.power import phase_powers
 from powertrain.spec.layout import Layout
-from powertrain.spec.run import Hardware, Knobs, RunConfig
+from powertrain.spec.run import Hardware, Knobs, RunConfig, spec_precision
 from powertrain.spec.validate import TRAINER_ONLY_RULES, validate
 
 RECOMPUTE = ("none", "selective", "full")
@@ -169,9 +169,7 @@ def _power_points(req: Request, c: Coefficients) -> list[tuple[float | None, flo
 def validation_config(req: Request, lay: dict[str, Any], mb: int) -> RunConfig:
     """The RunConfig the planner's rules are checked on for one structure and micro-batch."""
     layout = Layout(**{k: v for k, v in lay.items() if k != "dp"})
-    # the spec's precision as the trainer would be asked for it (tf32 is fp32 there, fp16 a 16-bit run)
-    prec = {"tf32": "fp32", "fp16": "bf16"}.get(req.precision, req.precision)
-    knobs = Knobs(micro_batch=mb, global_batch=req.global_batch, precision=prec)
+    knobs = Knobs(micro_batch=mb, global_batch=req.global_batch, precision=spec_precision(req.precision))
     hw = Hardware(nodes=req.nodes, devices_per_node=req.devices_per_node, device=req.device_name)
     return RunConfig(name="advise", model=req.model, layout=layout, knobs=knobs, hardware=hw)
 

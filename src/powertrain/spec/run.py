@@ -7,7 +7,7 @@ This is the typed, validated description that ``powertrain run``, ``plan``, ``sw
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -24,6 +24,14 @@ MAX_SECONDS = 7 * 86_400.0
 # fp8/fp4 are for planning (predict, advise): the built-in trainer trains fp32 or bf16 and refuses them
 Precision = Literal["fp32", "bf16", "fp8", "fp4"]
 Fp8Recipe = Literal["delayed", "current", "blockwise", "mxfp8"]
+
+
+def spec_precision(name: str) -> Precision:
+    """The spec's precision for a compute precision by name: tf32 is an fp32 run, fp16 a 16-bit (bf16) one."""
+    mapped = {"tf32": "fp32", "fp16": "bf16"}.get(name, name)
+    if mapped not in get_args(Precision):
+        raise ValueError(f"precision {name!r}: use fp32, tf32, bf16, fp16, fp8 or fp4")
+    return cast(Precision, mapped)
 
 
 class Overlap(BaseModel):
