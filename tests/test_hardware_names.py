@@ -49,6 +49,8 @@ SPELLINGS = [
     ("AMD Instinct MI325X", "mi325x"),
     ("MI355X", "mi355x"),
     ("AMD Instinct MI350X OAM", "mi350x"),
+    ("8xH100", "h100-sxm"),  # a device count glued to the name
+    ("72xGB200", "gb200"),
 ]
 
 

@@ -276,7 +276,8 @@ def parse_device_name(text: str) -> DeviceName:
     t = str(text).lower()
     mem = _MEMORY.findall(t)
     pw = _POWER.findall(t)
-    tokens = [w for w in re.split(r"[^a-z0-9]+", t) if w]
+    # a device count glued to the name ("8xH100", "72xGB200") is not part of the family
+    tokens = [re.sub(r"^\d+x(?=[a-z])", "", w) for w in re.split(r"[^a-z0-9]+", t) if w]
     family = next((w for w in tokens if _FAMILY.match(w) and not _NOT_FAMILY.match(w) and w not in _NOISE
                    and not re.match(r"^\d", w)), None)
     form = next((f for key, f in _FORMS if any(w.startswith(key) for w in tokens)), None)
