@@ -279,3 +279,17 @@ def test_a_gpu_generation_no_published_run_has_is_said_to_be_unvalidated() -> No
     assert seen >= _VALIDATED_GENERATIONS  # the shortcut never hides a generation the files lack
     assert unvalidated_devices(["h100-sxm", "gb200"]) == []
     assert unvalidated_devices(["mi300x", "h100-sxm", "mi355x"]) == ["mi300x", "mi355x"]
+
+
+def test_precision_and_shape_defaults_are_stated_never_silent() -> None:
+    from powertrain.predict.published import read_precision, run_from_entry
+
+    assert read_precision("float8 + torch.compile")[0] == "fp8" and read_precision("FP8-MX") == ("fp8", None)
+    assert read_precision("fp16/bf16 mixed") == ("bf16", None) and read_precision("TF32")[0] == "tf32"
+    assert read_precision(None) == ("bf16", "precision not published: bf16 assumed")
+    assert "bf16 assumed" in (read_precision("mixed")[1] or "")
+    entry = next(e for e in _entries() if e["model"].get("vocab") and e["model"].get("kv_heads")
+                 and not run_from_entry(e).skip)
+    bare = {**entry, "precision": None, "model": {**entry["model"], "vocab": None, "kv_heads": None}}
+    said = " ".join(run_from_entry(bare).assumptions)
+    assert "precision not published" in said and "51,200 assumed" in said and "multi-head attention assumed" in said

@@ -66,15 +66,25 @@ def _short_source(ref: str) -> str:
     return ref[:24]
 
 
-def _precision(text: str) -> str:
-    t = (text or "").lower()
+def read_precision(value: Any) -> tuple[str, str | None]:
+    """(precision, assumption) of a published ``precision`` field: the widest GEMM precision it names
+    (fp4, fp8, fp16, bf16, tf32, fp32); missing or unreadable text is bf16, stated."""
+    if value is None or not str(value).strip():
+        return "bf16", "precision not published: bf16 assumed"
+    t = str(value).lower()
     if "fp4" in t:
-        return "fp4"
+        return "fp4", None
     if "fp8" in t or "float8" in t:
-        return "fp8"
+        return "fp8", None
     if "fp16" in t and "bf16" not in t:
-        return "fp16"
-    return "bf16"
+        return "fp16", None
+    if "bf16" in t or "bfloat16" in t:
+        return "bf16", None
+    if "tf32" in t:
+        return "tf32", None
+    if "fp32" in t or "float32" in t:
+        return "fp32", None
+    return "bf16", f"precision {value!r} names no GEMM precision: bf16 assumed"
 
 
 def _era(fw: str, ref: str) -> str:
@@ -279,11 +289,15 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         fsdp_field is True) or par.get("zero") == 3
     caveats = " ".join(str(c) for c in r.get("caveats") or []).lower()
     act = str(m.get("activation") or "gelu").lower()
-    prec_text = str(r.get("precision", ""))
+    precision, prec_note = read_precision(r.get("precision"))
     modern = era == "megatron-core"
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
     recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), era)
-    out.assumptions += [n for n in (vp_note, rc_note) if n]
+    out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
+    if _int(m.get("vocab")) is None:
+        out.assumptions.append("vocabulary not published: 51,200 assumed (GPT-2's, padded as Megatron-LM does)")
+    if _int(m.get("kv_heads")) is None:
+        out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
     return Case(
         layers=layers, hidden=int(_int(m["hidden"]) or 1), ffn=int(_int(m["ffn"]) or 1),
@@ -298,8 +312,8 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
         pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if vp > 1 else "1f1b")),
         micro_batch=int(micro), global_batch=gb, recompute=recompute,
-        precision=_precision(prec_text),
-        overlap_tp=modern or "asynctp" in prec_text.lower().replace(" ", ""),
+        precision=precision,
+        overlap_tp=modern or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
         overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
         power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None,
