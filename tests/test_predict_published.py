@@ -293,3 +293,15 @@ def test_precision_and_shape_defaults_are_stated_never_silent() -> None:
     bare = {**entry, "precision": None, "model": {**entry["model"], "vocab": None, "kv_heads": None}}
     said = " ".join(run_from_entry(bare).assumptions)
     assert "precision not published" in said and "51,200 assumed" in said and "multi-head attention assumed" in said
+
+
+def test_an_unmodelled_framework_and_tied_embeddings_are_read_and_stated() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if "Megatron-Bridge" in str(e.get("framework")) and not run_from_entry(e).skip)
+    assert not any(a.startswith("framework") for a in run_from_entry(entry).assumptions)
+    other = run_from_entry({**entry, "framework": "MosaicML Composer (PyTorch FSDP)",
+                            "model": {**entry["model"], "tied_embeddings": True}})
+    assert any(a.startswith("framework 'MosaicML Composer") for a in other.assumptions)
+    assert other.case is not None and other.case.tied_embeddings
+    assert any(a.startswith("framework") for a in run_from_entry({**entry, "framework": "NeMo AutoModel"}).assumptions)

@@ -98,6 +98,10 @@ def _era(fw: str, ref: str) -> str:
     return "megatron-core"
 
 
+# Framework names whose defaults the eras above describe; any other is read with Megatron-Core's, stated.
+_KNOWN_FRAMEWORKS = ("megatron", "nemo", "mlperf", "torchtitan", "maxtext")
+
+
 # --- free-text fields ---------------------------------------------------------------------------------
 
 # What each framework does when a run leaves recomputation at its default (the run says "default").
@@ -211,6 +215,11 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
         out.skip = f"tp·pp·cp·dp = {tp * pp * cp * dp} ≠ {count} devices"
         return out
     era = _era(str(r.get("framework", "")), ref)
+    fw = str(r.get("framework") or "")
+    # NeMo AutoModel is PyTorch-native (FSDP2), not NeMo's Megatron-Core path, whatever its name says
+    if not any(k in fw.lower() for k in _KNOWN_FRAMEWORKS) or "automodel" in fw.lower():
+        out.assumptions.append(f"framework {fw or 'not published'!r} is none whose defaults are modelled: Megatron-Core's "
+                               "assumed (distributed optimizer without FSDP, DP-overlap, SP with TP)")
     case = _case(r, m, hw, par, b, dev, era, (tp, pp, cp, dp), out)
     from powertrain.predict.moe import enrich_case
 
@@ -306,6 +315,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         experts=int(_int(m.get("experts")) or 1), top_k=int(_int(m.get("top_k")) or 1),
         moe_ffn=int(_int(m.get("moe_ffn")) or 0), shared_experts=int(_int(m.get("shared_experts")) or 0),
         gated=act.startswith("swiglu") or act.startswith("geglu"),
+        tied_embeddings=m.get("tied_embeddings") is True or str(m.get("tied_embeddings")).lower() in ("true", "yes"),
         tp=tp, pp=pp, dp=dp, cp=cp, ep=int(_int(par.get("ep")) or 1), vp=vp,
         sequence_parallel=bool(par.get("sequence_parallel")) or (era != "megatron-legacy" and tp > 1),
         fsdp=bool(fsdp),
