@@ -169,7 +169,7 @@ def test_predict_says_how_the_moe_interval_held_on_runs_never_fitted_on() -> Non
     dense = runner.invoke(app, ["predict", str(root / "study-h100-optimizations.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
     text = " ".join(dense.output.split())
-    assert "dense runs this profile was never fitted on (Llama-3 8B" in text
+    assert "dense runs this profile was never fitted on (MPT-125M" in text and "Llama-3 8B at 8K-1M tokens" in text
     cpu = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
     assert cpu.exit_code == 0, cpu.output
     assert "never fitted on" not in cpu.output  # the held-out runs are GPU runs: nothing said of a CPU row
@@ -198,8 +198,9 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
     """heldout_*.yaml (never fitted on): every run is predicted, none refused, each names its table."""
     from powertrain.predict.published import HELDOUT_FILES
 
-    assert [p.name for p in HELDOUT_FILES] == ["heldout_mbridge_dsv3_qwen3_235b.yaml", "heldout_modelzoo_qwen3.yaml",
-                                               "heldout_nemo_b200_longseq.yaml", "heldout_vendor_suites.yaml"]
+    assert [p.name for p in HELDOUT_FILES] == ["heldout_llmfoundry_mpt.yaml", "heldout_mbridge_dsv3_qwen3_235b.yaml",
+                                               "heldout_modelzoo_qwen3.yaml", "heldout_nemo_b200_longseq.yaml",
+                                               "heldout_vendor_suites.yaml"]
     counts = []
     for path in HELDOUT_FILES:
         raw = yaml.safe_load(path.read_text())
@@ -213,12 +214,12 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
         assert all("layout not possible" in why for why in refused.values())
         assert all(r.case is not None and r.tokens_per_s_per_gpu for r in runs if not r.skip)
         assert all(r.raw["source"]["table"] and r.raw["source"]["urls"] for r in runs)
-    assert counts == [12, 17, 8, 116]
+    assert counts == [219, 12, 17, 8, 116]
     calibration_models = {r.raw["model"]["name"] for r in load_published() if r.arch == "moe"}
-    held_moe = {r.raw["model"]["name"] for p in HELDOUT_FILES[:3] for r in load_published(p) if r.arch == "moe"}
+    held_moe = {r.raw["model"]["name"] for p in HELDOUT_FILES[1:4] for r in load_published(p) if r.arch == "moe"}
     assert held_moe and not calibration_models & held_moe  # sets A-C: MoE models the fit has never seen
     # set D: a MoE model the calibration file also has is run there by another framework (PyTorch FSDP2)
-    shared = [r for r in load_published(HELDOUT_FILES[3]) if r.arch == "moe" and r.raw["model"]["name"] in calibration_models]
+    shared = [r for r in load_published(HELDOUT_FILES[4]) if r.arch == "moe" and r.raw["model"]["name"] in calibration_models]
     assert all(r.raw["framework"].startswith("NeMo AutoModel") for r in shared)
 
 
