@@ -306,3 +306,18 @@ def test_an_unmodelled_framework_and_tied_embeddings_are_read_and_stated() -> No
     assert any(a.startswith("framework 'MosaicML Composer") for a in other.assumptions)
     assert other.case is not None and other.case.tied_embeddings
     assert any(a.startswith("framework") for a in run_from_entry({**entry, "framework": "NeMo AutoModel"}).assumptions)
+
+
+def test_a_run_that_publishes_only_mfu_is_converted_with_the_peak_and_says_so() -> None:
+    from powertrain.core.flops import model_flops_per_token
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if (e.get("measured") or {}).get("tokens_per_s_per_gpu")
+                 and not run_from_entry(e).skip)
+    first = run_from_entry(entry)
+    assert first.case is not None
+    mfu = first.tokens_per_s_per_gpu * model_flops_per_token(first.case) / first.case.device.peak(first.case.precision)
+    only = run_from_entry({**entry, "measured": {"mfu": round(mfu * 100, 3)}, "derived": {}})
+    assert only.skip is None and only.tokens_per_s_per_gpu == pytest.approx(first.tokens_per_s_per_gpu, rel=1e-4)
+    assert any(a.startswith("only MFU published") for a in only.assumptions)
+    assert "MFU" in (run_from_entry({**entry, "measured": {}, "derived": {}}).skip or "")

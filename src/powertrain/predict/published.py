@@ -241,7 +241,11 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     out.case = case
     out.tokens_per_s_per_gpu = _measured_tps(r, case, out.source)
     if out.tokens_per_s_per_gpu is None:
-        out.skip = "no throughput or step time published"
+        out.tokens_per_s_per_gpu, mfu_note = _tps_from_mfu(r, case)
+        if mfu_note:
+            out.assumptions.append(mfu_note)
+    if out.tokens_per_s_per_gpu is None:
+        out.skip = "no throughput, step time, TFLOP/s or MFU published"
     return out
 
 
@@ -341,6 +345,22 @@ def _force_balanced(r: dict[str, Any], caveats: str) -> bool:
     if isinstance(stated, bool):
         return stated or r.get("moe_token_drop") is True
     return "routing force-balanced" in caveats or bool(r.get("moe_token_drop"))
+
+
+def _tps_from_mfu(r: dict[str, Any], case: Case) -> tuple[float | None, str | None]:
+    """Tokens/s per GPU from a run that publishes only MFU (papers often do): MFU × the device's dense peak
+    for the run's precision ÷ the model's FLOPs per token — the source's peak and FLOP count assumed to be
+    those, and said so."""
+    me = r.get("measured") or {}
+    mfu = _number(me.get("mfu"))
+    if not mfu or mfu <= 0:
+        return None, None
+    frac = mfu / 100 if mfu > 1 else mfu  # "42.5" (percent) or 0.425
+    peak = case.device.peak(case.precision)
+    tps = frac * peak / model_flops_per_token(case)
+    return tps, (f"only MFU published ({frac:.1%}): throughput = MFU × {case.device.name} {case.precision} dense peak "
+                 f"({peak / 1e12:,.0f} TFLOP/s) ÷ the model's FLOPs per token; the source's peak and FLOP count "
+                 "are assumed to be these")
 
 
 def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
