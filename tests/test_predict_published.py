@@ -321,3 +321,16 @@ def test_a_run_that_publishes_only_mfu_is_converted_with_the_peak_and_says_so() 
     assert only.skip is None and only.tokens_per_s_per_gpu == pytest.approx(first.tokens_per_s_per_gpu, rel=1e-4)
     assert any(a.startswith("only MFU published") for a in only.assumptions)
     assert "MFU" in (run_from_entry({**entry, "measured": {}, "derived": {}}).skip or "")
+
+
+def test_a_missing_ffn_takes_the_mlps_convention_and_says_so() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if str(e["model"].get("activation", "")).startswith("swiglu")
+                 and e["model"].get("hidden") == 8192 and not run_from_entry(e).skip)
+    gated = run_from_entry({**entry, "model": {**entry["model"], "ffn": None}})
+    assert gated.case is not None and gated.case.ffn == 22016  # 2/3 of 4·8192 = 21845, up to a multiple of 256
+    assert any("FFN width not published" in a for a in gated.assumptions)
+    gelu = run_from_entry({**entry, "model": {**entry["model"], "ffn": None, "activation": "gelu"}})
+    assert gelu.case is not None and gelu.case.ffn == 4 * 8192
+    assert run_from_entry({**entry, "model": {**entry["model"], "heads": None}}).skip == "model size not published (heads)"

@@ -189,7 +189,19 @@ def _int(value: Any) -> int | None:
 
 # --- one published run -----------------------------------------------------------------------------------
 
-_MODEL_REQUIRED = ("layers", "hidden", "ffn", "heads")
+_MODEL_REQUIRED = ("layers", "hidden", "heads")
+
+
+def _ffn_or_assumed(m: dict[str, Any], hidden: int, gated: bool) -> tuple[int, str | None]:
+    """The FFN width a run states, else the convention of its MLP, stated: 4·h for a GELU MLP (GPT), and
+    Llama's 2/3 of 4·h rounded up to a multiple of 256 for a gated (SwiGLU/GeGLU) one."""
+    ffn = _int(m.get("ffn"))
+    if ffn:
+        return int(ffn), None
+    if gated:
+        width = -(-int(8 * hidden / 3) // 256) * 256
+        return width, f"FFN width not published: {width} assumed (2/3 of 4·hidden rounded up to 256, Llama's rule)"
+    return 4 * hidden, f"FFN width not published: {4 * hidden} assumed (4·hidden, GPT's MLP)"
 
 
 def run_from_entry(r: dict[str, Any]) -> PublishedRun:
@@ -307,13 +319,17 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
     recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), era)
     out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
+    hidden = int(_int(m["hidden"]) or 1)
+    ffn, ffn_note = _ffn_or_assumed(m, hidden, act.startswith(("swiglu", "geglu")))
+    if ffn_note:
+        out.assumptions.append(ffn_note)
     if _int(m.get("vocab")) is None:
         out.assumptions.append("vocabulary not published: 51,200 assumed (GPT-2's, padded as Megatron-LM does)")
     if _int(m.get("kv_heads")) is None:
         out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
     return Case(
-        layers=layers, hidden=int(_int(m["hidden"]) or 1), ffn=int(_int(m["ffn"]) or 1),
+        layers=layers, hidden=hidden, ffn=ffn,
         heads=int(_int(m["heads"]) or 1), kv_heads=int(_int(m.get("kv_heads")) or _int(m["heads"]) or 1),
         vocab=int(_int(m.get("vocab")) or 51200), seq_len=int(_int(m["seq_len"]) or 1),
         experts=int(_int(m.get("experts")) or 1), top_k=int(_int(m.get("top_k")) or 1),
