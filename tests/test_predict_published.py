@@ -334,3 +334,20 @@ def test_a_missing_ffn_takes_the_mlps_convention_and_says_so() -> None:
     gelu = run_from_entry({**entry, "model": {**entry["model"], "ffn": None, "activation": "gelu"}})
     assert gelu.case is not None and gelu.case.ffn == 4 * 8192
     assert run_from_entry({**entry, "model": {**entry["model"], "heads": None}}).skip == "model size not published (heads)"
+
+
+def test_tp_and_pp_left_out_are_inferred_only_where_the_stated_degrees_leave_one_way() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if e["parallel"].get("tp") == 1 and e["parallel"].get("pp") == 1
+                 and e["parallel"].get("dp") and not (e["parallel"].get("cp") or 0) > 1 and not run_from_entry(e).skip)
+    par = entry["parallel"]
+    both = run_from_entry({**entry, "parallel": {**par, "tp": None, "pp": None}})
+    assert both.skip is None and (both.case.tp, both.case.pp) == (1, 1)
+    assert any(a.startswith("tp/pp not published") for a in both.assumptions)
+    assert run_from_entry({**entry, "parallel": {**par, "tp": None, "pp": None, "dp": None}}).skip == \
+        "parallel layout not published"
+    n = entry["hardware"]["count"]
+    if n >= 2 and n % 2 == 0:  # dp halved: the one missing degree is 2
+        one = run_from_entry({**entry, "parallel": {**par, "tp": 1, "pp": None, "dp": n // 2}})
+        assert one.skip is None and one.case.pp == 2

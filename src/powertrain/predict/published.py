@@ -221,6 +221,14 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
         out.skip = f"device not in the hardware catalog: {exc}"
         return out
     count = int(_int(hw.get("count")) or 0)
+    if _int(par.get("tp")) is None or _int(par.get("pp")) is None:
+        tp_pp = _inferred_tp_pp(par, hw)
+        if tp_pp is None:  # _missing has refused such a run already
+            out.skip = "parallel layout not published"
+            return out
+        out.assumptions.append(f"tp/pp not published: tp {tp_pp[0]}, pp {tp_pp[1]} inferred from {count} devices = "
+                               "dp × cp × tp × pp with the stated dp and cp")
+        par = {**par, "tp": tp_pp[0], "pp": tp_pp[1]}
     tp, pp, cp = int(_int(par["tp"]) or 1), int(_int(par["pp"]) or 1), int(_int(par.get("cp")) or 1)
     dp = int(_int(par.get("dp")) or count // (tp * pp * cp))
     if tp * pp * cp * dp != count:
@@ -282,6 +290,24 @@ def _expert_placement(case: Case, assumptions: list[str]) -> tuple[Case, str | N
     return case, None
 
 
+def _inferred_tp_pp(par: dict[str, Any], hw: dict[str, Any]) -> tuple[int, int] | None:
+    """(tp, pp) when a run leaves one or both out but its stated dp (and cp) leave exactly one way to fill
+    the device count: both 1 when dp·cp covers every device, else the one missing degree; None otherwise."""
+    count, dp, cp = _int(hw.get("count")), _int(par.get("dp")), _int(par.get("cp")) or 1
+    tp, pp = _int(par.get("tp")), _int(par.get("pp"))
+    if (tp is None and par.get("tp") is not None) or (pp is None and par.get("pp") is not None):
+        return None  # stated but unreadable ("eight"): not ours to replace
+    if not count or not dp or count % (dp * cp):
+        return None
+    rest = count // (dp * cp)
+    if tp is None and pp is None:
+        return (1, 1) if rest == 1 else None
+    known = tp if tp is not None else pp
+    if not known or rest % known:
+        return None
+    return (tp, rest // known) if tp is not None else (rest // known, int(pp or 1))
+
+
 def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any]) -> str | None:
     """Why a prediction cannot be made from what the entry publishes, or None."""
     if not _int(m.get("seq_len")):
@@ -289,7 +315,7 @@ def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict
     lacking = [k for k in _MODEL_REQUIRED if not _int(m.get(k))]
     if lacking:
         return f"model size not published ({', '.join(lacking)})"
-    if _int(par.get("tp")) is None or _int(par.get("pp")) is None:
+    if (_int(par.get("tp")) is None or _int(par.get("pp")) is None) and _inferred_tp_pp(par, hw) is None:
         return "parallel layout not published"
     if not hw.get("gpu"):
         return "device not published"
