@@ -351,3 +351,17 @@ def test_tp_and_pp_left_out_are_inferred_only_where_the_stated_degrees_leave_one
     if n >= 2 and n % 2 == 0:  # dp halved: the one missing degree is 2
         one = run_from_entry({**entry, "parallel": {**par, "tp": 1, "pp": None, "dp": n // 2}})
         assert one.skip is None and one.case.pp == 2
+
+
+def test_a_global_batch_left_out_is_micro_times_accumulation_times_dp_where_both_are_stated() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if not run_from_entry(e).skip and e["batch"].get("micro")
+                 and e["batch"].get("grad_accum"))
+    first = run_from_entry(entry)
+    again = run_from_entry({**entry, "batch": {**entry["batch"], "global": None}})
+    assert again.skip is None
+    assert again.case.global_batch == entry["batch"]["micro"] * entry["batch"]["grad_accum"] * first.case.dp
+    assert any(a.startswith("global batch not published") for a in again.assumptions)
+    assert run_from_entry({**entry, "batch": {"micro": 1, "global": None, "grad_accum": None}}).skip == \
+        "global batch not published"

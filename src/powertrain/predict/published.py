@@ -321,7 +321,7 @@ def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict
         return "device not published"
     if not _int(hw.get("count")):
         return "device count not published"
-    if _int(b.get("global")) is None:
+    if _int(b.get("global")) is None and not (_int(b.get("micro")) and _int(b.get("grad_accum"))):
         return "global batch not published"
     return None
 
@@ -332,7 +332,10 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     tp, pp, cp, dp = degrees
     count = tp * pp * cp * dp
     layers = int(_int(m["layers"]) or 1)
-    gb = int(_int(b["global"]) or 1)
+    gb = _int(b.get("global"))
+    if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
+        gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
+        out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
     micro = _int(b.get("micro")) or (1 if era == "torchtitan" and pp > 1 else _int(b.get("local_batch"))) or 1
     fsdp_field = par.get("fsdp")
     fsdp = (isinstance(fsdp_field, str) and "fsdp" in fsdp_field.lower()) or (
