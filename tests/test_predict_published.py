@@ -365,3 +365,15 @@ def test_a_global_batch_left_out_is_micro_times_accumulation_times_dp_where_both
     assert any(a.startswith("global batch not published") for a in again.assumptions)
     assert run_from_entry({**entry, "batch": {"micro": 1, "global": None, "grad_accum": None}}).skip == \
         "global batch not published"
+
+
+def test_a_device_count_left_out_is_the_product_of_the_stated_degrees() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if not run_from_entry(e).skip and all(
+        e["parallel"].get(k) for k in ("tp", "pp", "dp")))
+    again = run_from_entry({**entry, "hardware": {**entry["hardware"], "count": None}})
+    assert again.skip is None and again.case.world == entry["hardware"]["count"]
+    assert any(a.startswith("device count not published") for a in again.assumptions)
+    bare = {**entry, "hardware": {**entry["hardware"], "count": None}, "parallel": {**entry["parallel"], "dp": None}}
+    assert run_from_entry(bare).skip == "device count not published"

@@ -221,6 +221,10 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
         out.skip = f"device not in the hardware catalog: {exc}"
         return out
     count = int(_int(hw.get("count")) or 0)
+    if not count:  # _missing let it through: every degree is stated
+        count = int(_int(par["tp"]) or 1) * int(_int(par["pp"]) or 1) * int(_int(par.get("cp")) or 1) * int(_int(par["dp"]) or 1)
+        out.assumptions.append(f"device count not published: {count} = tp × pp × cp × dp")
+        hw = {**hw, "count": count}
     if _int(par.get("tp")) is None or _int(par.get("pp")) is None:
         tp_pp = _inferred_tp_pp(par, hw)
         if tp_pp is None:  # _missing has refused such a run already
@@ -319,7 +323,7 @@ def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict
         return "parallel layout not published"
     if not hw.get("gpu"):
         return "device not published"
-    if not _int(hw.get("count")):
+    if not _int(hw.get("count")) and not all(_int(par.get(k)) for k in ("tp", "pp", "dp")):
         return "device count not published"
     if _int(b.get("global")) is None and not (_int(b.get("micro")) and _int(b.get("grad_accum"))):
         return "global batch not published"
