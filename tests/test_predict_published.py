@@ -377,3 +377,10 @@ def test_a_device_count_left_out_is_the_product_of_the_stated_degrees() -> None:
     assert any(a.startswith("device count not published") for a in again.assumptions)
     bare = {**entry, "hardware": {**entry["hardware"], "count": None}, "parallel": {**entry["parallel"], "dp": None}}
     assert run_from_entry(bare).skip == "device count not published"
+
+
+def test_a_run_that_omits_its_architecture_is_moe_when_it_has_experts() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if (e["model"].get("experts") or 1) > 1)
+    assert run_from_entry({**entry, "model": {**entry["model"], "arch": None}}).arch == "moe"

@@ -211,7 +211,8 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     par, b = r.get("parallel") or {}, r.get("batch") or {}
     ref = str((r.get("source") or {}).get("ref", ""))
     out = PublishedRun(id=str(r.get("id")), source=_short_source(ref), gpu=str(hw.get("gpu")),
-                       arch=str(m.get("arch", "dense")), case=None, tokens_per_s_per_gpu=None, raw=r)
+                       arch=str(m.get("arch") or ("moe" if (_int(m.get("experts")) or 1) > 1 else "dense")),
+                       case=None, tokens_per_s_per_gpu=None, raw=r)
     out.skip = _missing(m, hw, par, b)
     if out.skip:
         return out
