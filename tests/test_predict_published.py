@@ -384,3 +384,18 @@ def test_a_run_that_omits_its_architecture_is_moe_when_it_has_experts() -> None:
 
     entry = next(e for e in _entries() if (e["model"].get("experts") or 1) > 1)
     assert run_from_entry({**entry, "model": {**entry["model"], "arch": None}}).arch == "moe"
+
+
+def test_whole_job_throughput_and_pflops_are_read_per_gpu() -> None:
+    from powertrain.core.flops import model_flops_per_token
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if (e.get("measured") or {}).get("tokens_per_s_per_gpu")
+                 and "Narayanan" not in str(e["source"]) and not run_from_entry(e).skip)
+    first = run_from_entry(entry)
+    n, tps = first.case.world, first.tokens_per_s_per_gpu
+    job = run_from_entry({**entry, "measured": {"tokens_per_s": tps * n}, "derived": {}})
+    assert job.tokens_per_s_per_gpu == pytest.approx(tps)
+    pflops = tps * model_flops_per_token(first.case) * n / 1e15
+    agg = run_from_entry({**entry, "measured": {"aggregate_pflops": pflops}, "derived": {}})
+    assert agg.tokens_per_s_per_gpu == pytest.approx(tps)

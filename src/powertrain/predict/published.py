@@ -424,11 +424,17 @@ def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
     it = me.get("iteration_time_s") or de.get("iteration_time_s")
     if it:
         return tokens_step / float(it) / count
-    if me.get("tflops_per_gpu"):
+    job = _number(me.get("tokens_per_s")) or _number(de.get("tokens_per_s_job_reported"))
+    if job:  # the whole job's tokens/s
+        return job / count
+    tflops = _number(me.get("tflops_per_gpu"))
+    if not tflops and _number(me.get("aggregate_pflops")):  # the whole job's PFLOP/s
+        tflops = float(me["aggregate_pflops"]) * 1e3 / count
+    if tflops:
         # the source's own FLOP count: Narayanan's Eq. 3 counts recomputation, others model FLOPs
         per_tok = (hardware_flops_per_token(case, case.recompute) if src == "Narayanan21"
                    else model_flops_per_token(case))
-        return float(me["tflops_per_gpu"]) * 1e12 / per_tok
+        return tflops * 1e12 / per_tok
     return None
 
 
