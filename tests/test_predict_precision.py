@@ -87,3 +87,18 @@ def test_a_spec_plans_fp8_with_its_recipe() -> None:
     assert layout_violations(fp8) == []
     t = {name: predict(c).metrics["tokens_per_s"] for name, c in (("bf16", bf16), ("fp8", fp8), ("bw", blockwise))}
     assert t["bf16"] < t["bw"] < t["fp8"]  # Hopper: blockwise fp8 runs below delayed scaling, above bf16
+
+
+def test_a_spec_states_fp16_for_predictions() -> None:
+    # V100-era runs are fp16: a spec says so, predicted at the 16-bit tensor-core rate (refused by the trainer)
+    from powertrain.predict import predict
+    from powertrain.spec.run import RunConfig
+    from powertrain.spec.validate import validate
+
+    def cfg(prec: str) -> RunConfig:
+        return RunConfig(model="gpt3-tiny", knobs={"global_batch": 64, "precision": prec},
+                         hardware={"devices_per_node": 8, "device": "v100"})
+
+    assert "low_precision_unsupported" in {v.rule for v in validate(cfg("fp16"))}
+    fp16, fp32 = (predict(cfg(p)).metrics["tokens_per_s"] for p in ("fp16", "fp32"))
+    assert fp16 > 2 * fp32

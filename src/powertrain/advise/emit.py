@@ -41,8 +41,8 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
     notes: list[str] = []
     prec = spec_precision(req.precision)
     if prec != req.precision:
-        notes.append(f"precision {req.precision}: the spec holds fp32, bf16, fp8 or fp4; written as {prec}")
-    if prec in ("fp8", "fp4"):
+        notes.append(f"precision {req.precision}: the spec holds fp32, bf16, fp16, fp8 or fp4; written as {prec}")
+    if prec in ("fp16", "fp8", "fp4"):
         notes.append(f"precision {prec}: the built-in trainer trains fp32 or bf16 (plan rejects the spec); run this "
                      "configuration with Megatron-LM or NeMo (--emit megatron / nemo)")
     if c.overlap_param_gather:

@@ -21,14 +21,14 @@ MAX_NODES = 65_536
 MAX_DEVICES_PER_NODE = 1_024
 MAX_STEPS = 10_000_000
 MAX_SECONDS = 7 * 86_400.0
-# fp8/fp4 are for planning (predict, advise): the built-in trainer trains fp32 or bf16 and refuses them
-Precision = Literal["fp32", "bf16", "fp8", "fp4"]
+# fp16/fp8/fp4 are for planning (predict, advise): the built-in trainer trains fp32 or bf16 and refuses them
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
 Fp8Recipe = Literal["delayed", "current", "blockwise", "mxfp8"]
 
 
 def spec_precision(name: str) -> Precision:
-    """The spec's precision for a compute precision by name: tf32 is an fp32 run, fp16 a 16-bit (bf16) one."""
-    mapped = {"tf32": "fp32", "fp16": "bf16"}.get(name, name)
+    """The spec's precision for a compute precision by name (tf32 is an fp32 run)."""
+    mapped = {"tf32": "fp32"}.get(name, name)
     if mapped not in get_args(Precision):
         raise ValueError(f"precision {name!r}: use fp32, tf32, bf16, fp16, fp8 or fp4")
     return cast(Precision, mapped)

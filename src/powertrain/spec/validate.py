@@ -209,7 +209,7 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
     if cfg.model.tied_embeddings:
         out.append(Violation("tied_embeddings_unsupported", "tied embeddings are not implemented by the built-in trainer",
                              "set model.tied_embeddings: false"))
-    if cfg.knobs.precision in ("fp8", "fp4"):
+    if cfg.knobs.precision in ("fp16", "fp8", "fp4"):
         out.append(Violation("low_precision_unsupported",
                              f"knobs.precision {cfg.knobs.precision}: the built-in trainer trains fp32 or bf16",
                              "predict or advise it (Transformer Engine runs it), or use knobs.precision: bf16 to "
