@@ -96,8 +96,8 @@ def test_a_spec_states_fp16_for_predictions() -> None:
     from powertrain.spec.validate import validate
 
     def cfg(prec: str) -> RunConfig:
-        return RunConfig(model="gpt3-tiny", knobs={"global_batch": 64, "precision": prec},
-                         hardware={"devices_per_node": 8, "device": "v100"})
+        return RunConfig(model="gpt3-175b", layout={"tp": 8, "pp": 2}, knobs={"global_batch": 64, "precision": prec},
+                         hardware={"nodes": 2, "devices_per_node": 8, "device": "v100"})
 
     assert "low_precision_unsupported" in {v.rule for v in validate(cfg("fp16"))}
     fp16, fp32 = (predict(cfg(p)).metrics["tokens_per_s"] for p in ("fp16", "fp32"))
