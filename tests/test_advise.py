@@ -60,7 +60,6 @@ def test_every_candidate_passes_plans_rules_and_fits_and_counts_add_up():
 def test_megatron_engine_also_searches_parallel_folding_and_emits_it():
     # EP spanning TP ranks (etp 1) is a Megatron-Core layout: searched for megatron, never for the built-in trainer
     from powertrain.advise.emit import emit_flags, run_spec_dict
-    from powertrain.advise.space import Candidate
 
     mega = [s for s in structures(_mixtral(engine="megatron")) if s["etp"] == 1]
     assert mega and all(s["tp"] > 1 for s in mega)
@@ -71,7 +70,6 @@ def test_megatron_engine_also_searches_parallel_folding_and_emits_it():
     assert "ETP1" in folded.label() and "--expert-tensor-parallel-size 1" in emit_flags(folded, req, "megatron")
     spec, notes = run_spec_dict(folded, req, name="folded")
     assert spec["layout"]["etp"] == 1 and any("parallel folding" in n for n in notes)
-    assert isinstance(folded, Candidate)
 
 
 def test_builtin_engine_keeps_the_trainers_limits_megatron_does_not():
@@ -125,6 +123,9 @@ def test_impossible_requests_say_why_and_the_nearest_change():
         _mixtral(objective=Objective("cost"))
     with pytest.raises(ValueError, match="--model: unknown model"):
         make_request("gpt-5", "h100", 8, 1, 8)
+    # the built-in trainer trains fp32/bf16: an fp8 plan for it is refused up front, never written as bf16
+    with pytest.raises(ValueError, match="--engine builtin: the built-in trainer trains fp32 or bf16"):
+        make_request("llama3-tiny", "h100", 4, 1, 8, engine="builtin", precision="fp8")
 
 
 def test_emitted_spec_and_sweep_load_and_plan(tmp_path):

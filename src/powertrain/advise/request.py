@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
 from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
+from powertrain.spec.run import Precision
 
 OBJECTIVES = ("throughput", "energy", "time", "cost", "pareto")
 ENGINES = ("builtin", "megatron")
@@ -148,11 +149,15 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     if global_batch < 1:
         raise ValueError("--global-batch must be ≥ 1")
     prec = precision or ("fp32" if is_cpu_name(device) else "bf16")
-    if prec not in ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4"):
-        raise ValueError(f"--precision {prec!r}: use fp32, tf32, bf16, fp16, fp8 or fp4")
+    known = ("tf32", *get_args(Precision))  # the spec's precisions, and tf32 (an fp32 run at the TF32 rate)
+    if prec not in known:
+        raise ValueError(f"--precision {prec!r}: use {', '.join(known)}")
     eng = engine or ("builtin" if is_cpu_name(device) else "megatron")
     if eng not in ENGINES:
         raise ValueError(f"--engine {eng!r}: use builtin (powertrain's trainer) or megatron (Megatron-LM/NeMo)")
+    if eng == "builtin" and prec not in ("fp32", "tf32", "bf16"):
+        raise ValueError(f"--precision {prec} with --engine builtin: the built-in trainer trains fp32 or bf16; use "
+                         "--engine megatron to plan a Megatron-LM/NeMo run in it")
     if objective.kind not in OBJECTIVES:
         raise ValueError(f"--objective {objective.kind!r}: use one of {', '.join(OBJECTIVES)}")
     if objective.kind == "time" and not objective.tokens:
