@@ -209,8 +209,6 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
     runs, skipped = prepare(path, profile)
     errs = rel_errors(runs, profile)
     q80 = profile.error.get("interval_80_log") or {}
-    from powertrain.predict.published import HELDOUT_FILES
-
     how = ("never fitted on, committed before any prediction on them" if path.resolve() in
            {p.resolve() for p in HELDOUT_FILES} else "given with --heldout")
     print(f"\nheld-out runs ({path.name}: {how}), profile {profile.name!r}")
@@ -432,13 +430,10 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                       "|log(predicted/measured)| over leave-one-source-out predictions, per architecture"})
     # after the refit's LOSO, so a refitted profile's held-out runs are judged by the interval it will state
     held = {path.name: heldout(path, profile) for path in _ARGS.heldout or HELDOUT_FILES}
-    if _ARGS.refit:
+    if _ARGS.refit or _ARGS.save_heldout:
+        # --save-heldout leaves the coefficients untouched: only what the profile scored on runs it never saw
         out = save_calibration(replace(profile, error={**profile.error, "heldout": held}), SHIPPED_DIR / "default.yaml")
-        print(f"saved {out}")
-    elif _ARGS.save_heldout:
-        # the profile's coefficients untouched: only what it scored on the runs it never saw is recorded
-        out = save_calibration(replace(profile, error={**profile.error, "heldout": held}), SHIPPED_DIR / "default.yaml")
-        print(f"recorded the held-out figures in {out}")
+        print(f"{'saved' if _ARGS.refit else 'recorded the held-out figures in'} {out}")
     return 0
 
 
