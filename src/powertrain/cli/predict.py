@@ -244,9 +244,9 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
                 out.print(note)
     unseen = unvalidated_devices([p.breakdown["device"] for c, p in results if not is_cpu_name(c.hardware.device)])
     if unseen:
-        out.print(f"note: no published run on {', '.join(unseen)} (or its GPU generation) was fitted or held out: its GEMM "
-                  "efficiency ratio is the literature's or, where none is known, Hopper's, so its figures and interval "
-                  "are not validated")
+        out.print(f"note: no published run on a GPU of the generation of {', '.join(unseen)} was fitted or held out: "
+                  "its GEMM efficiency ratio is the literature's or, where none is known, Hopper's, so these rows' "
+                  "figures and interval are not validated")
 
 
 def unvalidated_devices(devices: list[str]) -> list[str]:
@@ -263,7 +263,7 @@ def unvalidated_devices(devices: list[str]) -> list[str]:
 
 # generations every packaged published set is known to cover (checked against the files by a test); others are
 # looked up in the files, which is slower and only needed for rarer devices
-_VALIDATED_GENERATIONS = frozenset({"ampere", "hopper", "blackwell", "blackwell_ultra"})
+_VALIDATED_GENERATIONS = frozenset({"volta", "ampere", "hopper", "blackwell", "blackwell_ultra"})
 
 
 def published_generations() -> set[str]:
