@@ -198,15 +198,15 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
     """heldout_*.yaml (never fitted on): every run is predicted, none refused, each names its table."""
     from powertrain.predict.published import HELDOUT_FILES
 
-    assert [p.name for p in HELDOUT_FILES] == ["heldout_llmfoundry_mpt.yaml", "heldout_mbridge_dsv3_qwen3_235b.yaml",
-                                               "heldout_modelzoo_qwen3.yaml", "heldout_nemo_b200_longseq.yaml",
-                                               "heldout_vendor_suites.yaml"]
-    counts = []
+    expected = {"heldout_llmfoundry_mpt.yaml": 219, "heldout_mbridge_dsv3_qwen3_235b.yaml": 12,
+                "heldout_modelzoo_qwen3.yaml": 17, "heldout_nemo_b200_longseq.yaml": 8,
+                "heldout_setf_moe_folding.yaml": 62, "heldout_vendor_suites.yaml": 116}
+    assert [p.name for p in HELDOUT_FILES] == sorted(expected)
+    by_name = {p.name: p for p in HELDOUT_FILES}
     for path in HELDOUT_FILES:
         raw = yaml.safe_load(path.read_text())
         runs = load_published(path)
-        counts.append(len(runs))
-        assert len(runs) == raw["meta"]["n_runs"]
+        assert len(runs) == raw["meta"]["n_runs"] == expected[path.name]
         refused = {r.id: r.skip for r in runs if r.skip}
         # one Megatron-Bridge row states EP 64 on a 32-rank pipeline stage: no placement can hold it
         assert refused in ({}, {"mbridge_25.11_gb300_deepseek_v3_256gpu": refused.get(
@@ -214,12 +214,13 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
         assert all("layout not possible" in why for why in refused.values())
         assert all(r.case is not None and r.tokens_per_s_per_gpu for r in runs if not r.skip)
         assert all(r.raw["source"]["table"] and r.raw["source"]["urls"] for r in runs)
-    assert counts == [219, 12, 17, 8, 116]
     calibration_models = {r.raw["model"]["name"] for r in load_published() if r.arch == "moe"}
-    held_moe = {r.raw["model"]["name"] for p in HELDOUT_FILES[1:4] for r in load_published(p) if r.arch == "moe"}
-    assert held_moe and not calibration_models & held_moe  # sets A-C: MoE models the fit has never seen
+    unseen = ("heldout_mbridge_dsv3_qwen3_235b.yaml", "heldout_modelzoo_qwen3.yaml", "heldout_setf_moe_folding.yaml")
+    held_moe = {r.raw["model"]["name"] for n in unseen for r in load_published(by_name[n]) if r.arch == "moe"}
+    assert held_moe and not calibration_models & held_moe  # sets A, B, F: MoE models the fit has never seen
     # set D: a MoE model the calibration file also has is run there by another framework (PyTorch FSDP2)
-    shared = [r for r in load_published(HELDOUT_FILES[4]) if r.arch == "moe" and r.raw["model"]["name"] in calibration_models]
+    shared = [r for r in load_published(by_name["heldout_vendor_suites.yaml"])
+              if r.arch == "moe" and r.raw["model"]["name"] in calibration_models]
     assert all(r.raw["framework"].startswith("NeMo AutoModel") for r in shared)
 
 

@@ -341,7 +341,10 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
         gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
         out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
-    micro = _int(b.get("micro")) or (1 if era == "torchtitan" and pp > 1 else _int(b.get("local_batch"))) or 1
+    micro = _int(b.get("micro")) or (1 if era == "torchtitan" and pp > 1 else _int(b.get("local_batch")))
+    if micro is None:
+        micro = 1
+        out.assumptions.append("micro-batch not published: 1 assumed (the smallest; large runs' usual choice)")
     fsdp_field = par.get("fsdp")
     fsdp = (isinstance(fsdp_field, str) and "fsdp" in fsdp_field.lower()) or (
         isinstance(fsdp_field, int | float) and not isinstance(fsdp_field, bool) and fsdp_field > 0) or (
@@ -351,6 +354,8 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     precision, prec_note = read_precision(r.get("precision"))
     modern = era == "megatron-core"
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
+    if par.get("vp") is None and pp > 1:
+        vp_note = "virtual stages not published: no interleaving (V = 1) assumed"
     recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), era)
     out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
     hidden = int(_int(m["hidden"]) or 1)
