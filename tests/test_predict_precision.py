@@ -46,6 +46,26 @@ def test_16bit_efficiency_differs_by_generation() -> None:
     assert a100 > h100 > b200
 
 
+def test_flashattention2_is_slower_than_fused_attention_from_hopper_on_only() -> None:
+    import pytest
+
+    from powertrain.core.flops import layer_flops_per_token, shape_of
+    from powertrain.predict.precision import attention_kernel_ratio
+    from powertrain.predict.steptime import attention_core_time, tokens_per_micro_batch
+
+    def attn(dev: str, kernel: str) -> float:
+        case = replace(_case(dev, "bf16"), attention_kernel=kernel)
+        lf = layer_flops_per_token(shape_of(case))
+        return attention_core_time(case, C, compute_rates(case, C), lf, tokens_per_micro_batch(case))
+
+    # FA3/cuDNN use Hopper's wgmma/TMA paths, FA2 does not (FlashAttention-3 paper: 1.5-2x)
+    assert attn("h100-sxm", "flash2") == pytest.approx(attn("h100-sxm", "fused") / 0.6)
+    assert attn("b200", "flash2") > attn("b200", "fused")
+    assert attn("a100-sxm4-80gb", "flash2") == attn("a100-sxm4-80gb", "fused")  # FA2 is Ampere's fused kernel
+    with pytest.raises(ValueError, match="not one of"):
+        attention_kernel_ratio("h100-sxm", "xformers")
+
+
 def test_recipes_from_free_text() -> None:
     assert recipe_from_text("fp8-cs") == "current"
     assert recipe_from_text("mxfp8 (32x32)") == "mxfp8"

@@ -400,3 +400,19 @@ def test_whole_job_throughput_and_pflops_are_read_per_gpu() -> None:
     pflops = tps * model_flops_per_token(first.case) * n / 1e15
     agg = run_from_entry({**entry, "measured": {"aggregate_pflops": pflops}, "derived": {}})
     assert agg.tokens_per_s_per_gpu == pytest.approx(tps)
+
+
+def test_pytorch_native_frameworks_run_flashattention2_and_say_so() -> None:
+    """torchtitan, Composer/llm-foundry: FA2-class attention (stated); Megatron/NeMo and AutoModel (TE): fused."""
+    from powertrain.predict.published import attention_kernel_of, run_from_entry
+
+    assert attention_kernel_of("torchtitan (FSDP2/DTensor)") == "flash2"
+    assert attention_kernel_of("MosaicML Composer + llm-foundry (PyTorch FSDP)") == "flash2"
+    assert attention_kernel_of("Megatron-Bridge / NeMo 26.04") == "fused"
+    assert attention_kernel_of("NeMo AutoModel (PyTorch-native: FSDP2, Transformer Engine kernels)") == "fused"
+    titan = next(run_from_entry(e) for e in _entries() if "torchtitan" in str(e.get("framework")))
+    assert titan.case is not None and titan.case.attention_kernel == "flash2"
+    assert any(a.startswith("attention: FlashAttention-2") for a in titan.assumptions)
+    mcore = next(run_from_entry(e) for e in _entries() if "Megatron-Bridge" in str(e.get("framework")))
+    assert mcore.case is not None and mcore.case.attention_kernel == "fused"
+    assert not any(a.startswith("attention:") for a in mcore.assumptions)

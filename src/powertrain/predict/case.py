@@ -93,6 +93,10 @@ class Case:
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
     moe_imbalance: float | None = None  # None: the calibration's default
+    # attention kernel: "fused" (Transformer Engine's cuDNN fused attention, FlashAttention-3 class on
+    # Hopper and later) or "flash2" (FlashAttention-2, what PyTorch-native stacks run: SDPA's flash
+    # backend, the flash-attn package); see precision.attention_kernel_ratio
+    attention_kernel: str = "fused"
     # hardware
     device: DeviceSpec = field(default_factory=lambda: get_device("h100-sxm"))
     nodes: int = 1

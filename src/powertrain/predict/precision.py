@@ -88,6 +88,25 @@ def attention_ratio(device_name: str) -> float:
     return RATIO.get(generation(device_name), {}).get("attn", 1.0)
 
 
+# FlashAttention-2's rate ÷ the fused (cuDNN / FlashAttention-3 class) kernel's, per generation, fwd + bwd.
+# Hopper: FA2 uses none of Hopper's asynchronous tensor-core (wgmma) and TMA paths and reaches 35-40 % of
+# peak; FA3 and cuDNN's fused attention reach 60-75 % — FA3 is 1.5-2.0x faster forward and 1.5-1.75x
+# backward (Shah et al., "FlashAttention-3", NeurIPS 2024, §4.1) → about 1/1.65 = 0.6. Blackwell: FA2 runs
+# the same pre-Hopper instruction path, so at least Hopper's gap is assumed (no published FA2 figure on
+# B200 found). Ampere and Volta: FA2 is the fused kernel there (cuDNN's is no faster): 1.0.
+FLASH2_RATIO = {"hopper": 0.6, "blackwell": 0.6, "blackwell_ultra": 0.6}
+ATTENTION_KERNELS = ("fused", "flash2")
+
+
+def attention_kernel_ratio(device_name: str, kernel: str) -> float:
+    """Rate of the attention ``kernel`` on the device's generation ÷ the fused kernel's (1.0 for "fused")."""
+    if kernel == "fused":
+        return 1.0
+    if kernel != "flash2":
+        raise ValueError(f"attention kernel {kernel!r} is not one of {ATTENTION_KERNELS}")
+    return FLASH2_RATIO.get(generation(device_name), 1.0)
+
+
 def relative_efficiency(device_name: str, precision: str, recipe: str = "") -> float:
     """GEMM efficiency of ``precision``/``recipe`` on the device's generation ÷ its 16-bit efficiency."""
     if precision not in ("fp8", "fp4"):

@@ -100,6 +100,15 @@ def _era(fw: str, ref: str) -> str:
 
 # Framework names whose defaults the eras above describe; any other is read with Megatron-Core's, stated.
 _KNOWN_FRAMEWORKS = ("megatron", "nemo", "mlperf", "torchtitan", "maxtext")
+# PyTorch-native stacks whose attention is FlashAttention-2 class (SDPA's flash backend, the flash-attn
+# package, llm-foundry's triton kernel), not Transformer Engine's cuDNN fused attention.
+_FLASH2_FRAMEWORKS = ("torchtitan", "composer", "llm-foundry", "mosaicml")
+
+
+def attention_kernel_of(framework: str) -> str:
+    """The attention kernel a framework runs by default ("flash2" for PyTorch-native stacks, else "fused")."""
+    f = framework.lower()
+    return "flash2" if any(k in f for k in _FLASH2_FRAMEWORKS) and "transformer engine" not in f else "fused"
 
 
 # --- free-text fields ---------------------------------------------------------------------------------
@@ -367,6 +376,10 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if _int(m.get("kv_heads")) is None:
         out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
+    kernel = attention_kernel_of(f"{r.get('framework') or ''} {era}")
+    if kernel == "flash2":
+        out.assumptions.append("attention: FlashAttention-2 class (a PyTorch-native framework's default, not Transformer "
+                               "Engine's fused attention)")
     return Case(
         layers=layers, hidden=hidden, ffn=ffn,
         heads=int(_int(m["heads"]) or 1), kv_heads=int(_int(m.get("kv_heads")) or _int(m["heads"]) or 1),
@@ -385,7 +398,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         overlap_tp=modern or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
         overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
         power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
-        moe_imbalance=1.0 if _force_balanced(r, caveats) else None,
+        moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
         device=dev, nodes=max(1, count // gpn), devices_per_node=gpn,
     )
 

@@ -181,7 +181,8 @@ def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> float:
 def attention_core_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, n_tok: float) -> float:
     """Fused causal attention (half the counted full-sequence work) at ``attn_eff_ratio`` × the 16-bit rate."""
     s_loc = case.seq_len / case.cp
-    rate = r.peak16 * c.attn_eff_ratio * precision.attention_ratio(case.device.name)
+    rate = (r.peak16 * c.attn_eff_ratio * precision.attention_ratio(case.device.name)
+            * precision.attention_kernel_ratio(case.device.name, case.attention_kernel))
     return 0.5 * lf.attention * n_tok / case.tp * (s_loc + r.knee) / (rate * s_loc)
 
 
