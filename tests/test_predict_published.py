@@ -200,7 +200,8 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
 
     expected = {"heldout_llmfoundry_mpt.yaml": 219, "heldout_mbridge_dsv3_qwen3_235b.yaml": 12,
                 "heldout_modelzoo_qwen3.yaml": 17, "heldout_nemo_b200_longseq.yaml": 8,
-                "heldout_setf_moe_folding.yaml": 62, "heldout_vendor_suites.yaml": 116}
+                "heldout_setf_moe_folding.yaml": 62, "heldout_setg_mlperf_training.yaml": 20,
+                "heldout_vendor_suites.yaml": 116}
     assert [p.name for p in HELDOUT_FILES] == sorted(expected)
     by_name = {p.name: p for p in HELDOUT_FILES}
     for path in HELDOUT_FILES:
@@ -400,6 +401,15 @@ def test_whole_job_throughput_and_pflops_are_read_per_gpu() -> None:
     pflops = tps * model_flops_per_token(first.case) * n / 1e15
     agg = run_from_entry({**entry, "measured": {"aggregate_pflops": pflops}, "derived": {}})
     assert agg.tokens_per_s_per_gpu == pytest.approx(tps)
+
+
+def test_mlperf_results_of_every_round_are_named_by_their_round() -> None:
+    from powertrain.predict.published import _short_source
+
+    assert _short_source("MLCommons Training v5.1 results (Nov 2025), closed division") == "MLPerf v5.1"
+    assert _short_source("MLPerf Training v4.1 GPT-3 175B") == "MLPerf v4.1"
+    assert _short_source("MLPerf Training v4.0 Sustainable Metal Cloud") == "MLPerf SMC"
+    assert {r.source for r in load_published() if r.id.startswith("mlperf40_nvidia")} == {"MLPerf v4.0"}
 
 
 def test_pytorch_native_frameworks_run_flashattention2_and_say_so() -> None:

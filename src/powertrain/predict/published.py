@@ -54,7 +54,7 @@ SOURCE_SHORT = (
     ("Megatron-Bridge", "Megatron-Bridge"), ("Narayanan", "Narayanan21"), ("Korthikanti", "Korthikanti22"),
     ("Megatron-LM README 'Performance", "Megatron-LM README H100"), ("Megatron-LM README (2020", "Megatron-LM 2020"),
     ("NeMo docs/source/performance/performance_lo", "NeMo long-seq"), ("NeMo docs", "NeMo 24.07"),
-    ("torchtitan", "torchtitan"), ("MLPerf Training v4.0 Sustainable", "MLPerf SMC"), ("MLPerf", "MLPerf v4.0"),
+    ("torchtitan", "torchtitan"), ("MLPerf Training v4.0 Sustainable", "MLPerf SMC"),
     ("Perseus", "Perseus"),
 )
 
@@ -63,6 +63,10 @@ def _short_source(ref: str) -> str:
     for key, short in SOURCE_SHORT:
         if key in ref:
             return short
+    # MLPerf / MLCommons Training results of any round: named by their round, "MLPerf v5.1"
+    mlperf = re.search(r"(?:MLPerf|MLCommons)\s+Training\s+(v\d+\.\d+)|MLPerf\D*?(v\d+\.\d+)", ref)
+    if mlperf:
+        return f"MLPerf {mlperf.group(1) or mlperf.group(2)}"
     return ref[:24]
 
 
