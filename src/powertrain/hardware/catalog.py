@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -71,20 +71,6 @@ class ThermalSpec:
     tau_s: float
     rear_preheat_c_per_kw: float
     rear_slots_of_8: tuple[int, ...]
-    # the device power the defaults describe; a device of another TDP gets R and pre-heat scaled by
-    # design/TDP (see :func:`for_tdp`); None: taken as is (a device's own fitted entry)
-    design_tdp_w: float | None = None
-
-    def for_tdp(self, tdp_w: float) -> ThermalSpec:
-        """These defaults for a device of ``tdp_w``: a vendor sizes heat sink and airflow (or cold plate
-        and coolant flow) to the part's TDP, so at its TDP every part sits where the design point does —
-        R and the rear pre-heat per kW scale by design/TDP (a 1,000 W B200 board is not a 700 W H100
-        board run hotter)."""
-        if not self.design_tdp_w or tdp_w <= 0:
-            return self
-        k = self.design_tdp_w / tdp_w
-        return replace(self, r_c_per_w=self.r_c_per_w * k, rear_preheat_c_per_kw=self.rear_preheat_c_per_kw * k,
-                       design_tdp_w=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +142,6 @@ def _thermal(raw: dict[str, Any]) -> ThermalSpec:
         inlet_c=float(raw["inlet_c"]), r_c_per_w=float(raw["r_c_per_w"]), tau_s=float(raw["tau_s"]),
         rear_preheat_c_per_kw=float(raw.get("rear_preheat_c_per_kw", 0.0)),
         rear_slots_of_8=tuple(int(s) for s in raw.get("rear_slots_of_8", ())),
-        design_tdp_w=float(raw["design_tdp_w"]) if raw.get("design_tdp_w") is not None else None,
     )
 
 
@@ -181,9 +166,7 @@ def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], whe
         power_at_peak_w=float(raw.get("power_at_peak_w", raw["tdp_w"])),
         slowdown_c=float(raw["slowdown_c"]) if raw.get("slowdown_c") is not None else None,
         node=_node(raw["node"], f"{where}: {name}"),
-        # a part run under a power limit (tdp_w below power_at_peak_w) keeps the cooling of its full power
-        thermal=_thermal(th) if th else thermal.get(cooling, thermal["air"]).for_tdp(
-            max(float(raw["tdp_w"]), float(raw.get("power_at_peak_w", raw["tdp_w"])))),
+        thermal=_thermal(th) if th else thermal.get(cooling, thermal["air"]),
         cooling=cooling,
         source=str(raw.get("source", "")),
         note=str(raw.get("note", "")),
