@@ -428,3 +428,13 @@ def test_pytorch_native_frameworks_run_flashattention2_and_say_so() -> None:
     mcore = next(run_from_entry(e) for e in _entries() if "Megatron-Bridge" in str(e.get("framework")))
     assert mcore.case is not None and mcore.case.attention_kernel == "fused"
     assert not any(a.startswith("attention:") for a in mcore.assumptions)
+
+
+def test_a_year_alone_does_not_make_a_run_legacy_megatron() -> None:
+    """Megatron-LM 2019-21 defaults (no SP, gradients reduced after backward) only for Megatron-LM of that era."""
+    from powertrain.predict.published import _era
+
+    assert _era("Megatron-LM", "NVIDIA/Megatron-LM README (2020 table)") == "megatron-legacy"
+    assert _era("", "Narayanan et al., SC'21") == "megatron-legacy"
+    assert _era("NeMo 25.09 (MLPerf NVIDIA implementation)", "MLCommons Training v5.1 results, 2021 rules") == "megatron-core"
+    assert _era("Composer (PyTorch FSDP), 2021 release", "") == "megatron-core"

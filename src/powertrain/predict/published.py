@@ -97,7 +97,10 @@ def _era(fw: str, ref: str) -> str:
         return "torchtitan"
     if "maxtext" in f:
         return "maxtext"
-    if "2020" in f or "2021" in f or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
+    # Megatron-LM of 2019-21 (before Megatron-Core): named by its papers, its commit, or Megatron-LM with a
+    # year of that era — a year alone (a date in some other framework's note) does not make a run legacy
+    legacy_year = "megatron" in f and any(y in f for y in ("2019", "2020", "2021"))
+    if legacy_year or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
         return "megatron-legacy"
     return "megatron-core"
 
