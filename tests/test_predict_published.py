@@ -438,3 +438,12 @@ def test_a_year_alone_does_not_make_a_run_legacy_megatron() -> None:
     assert _era("", "Narayanan et al., SC'21") == "megatron-legacy"
     assert _era("NeMo 25.09 (MLPerf NVIDIA implementation)", "MLCommons Training v5.1 results, 2021 rules") == "megatron-core"
     assert _era("Composer (PyTorch FSDP), 2021 release", "") == "megatron-core"
+
+
+def test_torchtitans_pipeline_micro_batch_default_is_stated() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if "torchtitan" in str(e.get("framework")) and (e["parallel"].get("pp") or 1) > 1)
+    run = run_from_entry({**entry, "batch": {**entry["batch"], "micro": None}})
+    assert run.case is not None and run.case.micro_batch == 1
+    assert "micro-batch not published: 1, torchtitan's pipeline default" in run.assumptions

@@ -357,7 +357,12 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
         gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
         out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
-    micro = _int(b.get("micro")) or (1 if era == "torchtitan" and pp > 1 else _int(b.get("local_batch")))
+    micro = _int(b.get("micro"))
+    if micro is None and era == "torchtitan" and pp > 1:
+        micro = 1
+        out.assumptions.append("micro-batch not published: 1, torchtitan's pipeline default")
+    elif micro is None:
+        micro = _int(b.get("local_batch"))  # without PP, torchtitan's local batch is the micro-batch
     if micro is None:
         micro = 1
         out.assumptions.append("micro-batch not published: 1 assumed (the smallest; large runs' usual choice)")
