@@ -9,6 +9,7 @@ environment for a marker unique to the test). Each test is bounded by :data:`LIM
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -44,7 +45,17 @@ class Deadline:
             time.sleep(0.1)
 
 
-def _procs_with(marker: str) -> list[psutil.Process]:
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """A process as one scan saw it. Command line and environment are read once, inside the scan's
+    guard: a process may exit between two reads, and a second read would then raise."""
+
+    proc: psutil.Process
+    cmdline: str
+    environ: dict[str, str]
+
+
+def _procs_with(marker: str) -> list[Seen]:
     """Live (non-zombie) processes whose command line or environment mentions ``marker``."""
     found = []
     for p in psutil.process_iter():
@@ -53,10 +64,11 @@ def _procs_with(marker: str) -> list[psutil.Process]:
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if marker in " ".join(p.cmdline()) or any(marker in v for v in p.environ().values()):
-                found.append(p)
+            cmdline, environ = " ".join(p.cmdline()), p.environ()
         except (psutil.Error, OSError):
             continue
+        if marker in cmdline or any(marker in v for v in environ.values()):
+            found.append(Seen(p, cmdline, environ))
     return found
 
 
@@ -103,7 +115,7 @@ def test_kill_9_of_the_monitor_stops_the_command_and_marks_the_run_failed(tmp_pa
     cmd = ["sh", "-c", f"{sys.executable} -c '{script}' & wait"]
     with _reaped(_cli("monitor", "--out", str(out), "-q", "--", *cmd, marker=marker)) as mon:
         dl.wait_for(lambda: (out / "logs" / "command.supervisor.json").exists()
-                    and any("time.sleep" in " ".join(p.cmdline()) for p in _procs_with(marker)),
+                    and any("time.sleep" in p.cmdline for p in _procs_with(marker)),
                     "the command running")
         time.sleep(1.0)  # some telemetry
         mon.send_signal(signal.SIGKILL)
@@ -128,9 +140,9 @@ def _spec(path: Path, steps: int) -> str:
     return str(path)
 
 
-def _ranks(marker: str) -> list[psutil.Process]:
-    return [p for p in _procs_with(marker) if "powertrain.workload.train" in " ".join(p.cmdline())
-            and p.environ().get("LOCAL_RANK") is not None]
+def _ranks(marker: str) -> list[Seen]:
+    return [p for p in _procs_with(marker) if "powertrain.workload.train" in p.cmdline
+            and p.environ.get("LOCAL_RANK") is not None]
 
 
 def test_kill_9_of_the_run_launcher_stops_torchrun_and_its_ranks(tmp_path):
@@ -153,8 +165,8 @@ def test_kill_9_of_a_rank_fails_the_run_and_leaves_no_process(tmp_path):
         # as soon as both ranks run (reaching a training step takes ~20 s more on 2 busy cores; the
         # attribution of a rank killed mid-step is covered in test_workload_run)
         dl.wait_for(lambda: len(_ranks(marker)) == 2, "both ranks started")
-        (victim,) = [p for p in _ranks(marker) if p.environ().get("RANK") == "1"]
-        victim.send_signal(signal.SIGKILL)
+        (victim,) = [p for p in _ranks(marker) if p.environ.get("RANK") == "1"]
+        victim.proc.send_signal(signal.SIGKILL)
         assert launcher.wait(dl.left()) == 1
     dl.wait_for(lambda: not _procs_with(marker), "no process of the run left")
     info = _status(out)
