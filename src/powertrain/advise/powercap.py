@@ -16,6 +16,7 @@ from typing import Any
 
 from powertrain.advise.search import Advice, Point
 from powertrain.predict import Calibration, Case, load_calibration, predict
+from powertrain.predict.power import node_power_w
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,6 @@ def cap_sweep(case: Case, calibration: Calibration | str | None = None,
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     if not case.device.has_power_sensor:
         raise ValueError(f"power caps: {case.device.name} has no power model (no sensor); use a GPU device")
-    host = cal.coefficients.host_w_per_node
     dpn = min(case.devices_per_node, case.world)
     out = []
     for cap in caps if caps is not None else default_caps(case):
@@ -58,7 +58,7 @@ def cap_sweep(case: Case, calibration: Calibration | str | None = None,
         peak = m["power_peak_w"]
         out.append(CapPoint(cap, m["tokens_per_s"], m["j_per_token"],
                             node_e / tokens if node_e is not None else None, peak,
-                            dpn * peak + host if peak is not None else None,
+                            node_power_w(dpn * peak, 1, cal.coefficients) if peak is not None else None,
                             float(bd.get("clock_factor_power_limit", 1.0)), m["throttle_share"], m["temp_peak_c"]))
     return out
 

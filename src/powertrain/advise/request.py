@@ -16,6 +16,8 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
+from powertrain.predict.calibration import Coefficients
+from powertrain.predict.power import node_power_w
 from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
 from powertrain.spec.run import Precision
@@ -188,20 +190,21 @@ def _power_matters(c: Constraints, o: Objective) -> bool:
         c.max_temp_c is not None or c.no_throttle
 
 
-def idle_node_w(req: Request, host_w_per_node: float) -> float:
-    """What one node draws doing nothing: its devices' idle power plus the host."""
-    return req.devices_per_node * req.device.idle_w + host_w_per_node
+def idle_node_w(req: Request, coef: Coefficients) -> float:
+    """What one node draws at the wall doing nothing: its devices' idle power plus the host."""
+    return node_power_w(req.devices_per_node * req.device.idle_w, 1, coef)
 
 
-def impossible(req: Request, host_w_per_node: float) -> str | None:
+def impossible(req: Request, coef: Coefficients) -> str | None:
     """Why no configuration can satisfy ``req`` (one line with the nearest feasible change), or None."""
     c = req.constraints
     if not req.device.has_power_sensor:
         return None
-    idle = idle_node_w(req, host_w_per_node)
+    idle = idle_node_w(req, coef)
     if c.node_kw is not None and c.node_kw * 1000 <= idle:
         return (f"--node-kw {c.node_kw:g}: below one node's idle draw ({idle / 1000:.2f} kW: "
-                f"{req.devices_per_node} × {req.device.idle_w:g} W idle + {host_w_per_node:g} W host); "
+                f"{req.devices_per_node} × {req.device.idle_w:g} W idle + {coef.host_w_per_node:g} W host, "
+                f"at {coef.psu_efficiency:.0%} power-supply efficiency); "
                 f"raise it above {idle / 1000:.2f} kW or use fewer GPUs per node")
     per_rack = c.nodes_per_rack or req.nodes
     if c.rack_kw is not None and c.rack_kw * 1000 <= idle * per_rack:

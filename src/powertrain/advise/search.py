@@ -22,6 +22,8 @@ from powertrain.advise.anchors import family, profile_anchors
 from powertrain.advise.request import Request, impossible
 from powertrain.advise.space import Candidate, SpaceStats, count_space, enumerate_candidates
 from powertrain.predict import Calibration, Prediction, load_calibration, predict
+from powertrain.predict.calibration import Coefficients
+from powertrain.predict.power import node_power_w
 
 Progress = Callable[[int, int], None]
 
@@ -88,10 +90,10 @@ def throughput_interval(pred: Prediction, is_moe: bool) -> tuple[float, float, s
     return tps, tps, f"profile {pred.calibration!r} states no error: interval unknown"
 
 
-def _point(cand: Candidate, pred: Prediction, req: Request, host_w: float) -> Point:
+def _point(cand: Candidate, pred: Prediction, req: Request, c: Coefficients) -> Point:
     m = pred.metrics
     peak = m["power_peak_w"]
-    node = req.devices_per_node * peak + host_w if peak is not None else None
+    node = node_power_w(req.devices_per_node * peak, 1, c) if peak is not None else None
     return Point(cand, m["tokens_per_s"], m["j_per_token"], peak, m["power_mean_w"], node, m["temp_peak_c"],
                  m["throttle_share"], m["mem_per_device_bytes"], m["mfu"], m["step_time_mean_s"])
 
@@ -111,7 +113,7 @@ def violates(p: Point, req: Request) -> str | None:
     return None
 
 
-def score(p: Point, req: Request, host_w: float) -> float:
+def score(p: Point, req: Request, c: Coefficients) -> float:
     """Lower is better, in the objective's unit (negated tokens/s for throughput and Pareto)."""
     o = req.objective
     if o.kind in ("throughput", "pareto"):
@@ -121,8 +123,8 @@ def score(p: Point, req: Request, host_w: float) -> float:
     seconds = (o.tokens or 0) / p.tokens_per_s
     if o.kind == "time":
         return seconds
-    # cost: GPU-hours plus the energy of the whole nodes (devices' mean power + host) over the run
-    node_w = (p.power_mean_w or 0.0) * req.world + host_w * req.nodes
+    # cost: GPU-hours plus the energy of the whole nodes (devices' mean power + host, at the wall) over the run
+    node_w = node_power_w((p.power_mean_w or 0.0) * req.world, req.nodes, c)
     return seconds / 3600 * req.world * (o.gpu_hour_price or 0) + node_w * seconds / 3.6e6 * (o.kwh_price or 0)
 
 
@@ -157,8 +159,7 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     (:mod:`powertrain.advise.anchors`)."""
     t0 = time.perf_counter()
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    host_w = cal.coefficients.host_w_per_node
-    why = impossible(req, host_w)
+    why = impossible(req, cal.coefficients)
     if why:
         raise NoFeasibleLayout(why)
     stats = SpaceStats()
@@ -167,7 +168,7 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     broke: dict[str, list[Point]] = {}
     anch = profile_anchors(cal, req.world, req.device.transport) if anchors else {}
     for i, cand in enumerate(enumerate_candidates(req, cal, stats)):
-        p = _point(cand, predict(cand.case, cal), req, host_w)
+        p = _point(cand, predict(cand.case, cal), req, cal.coefficients)
         a = anch.get(family(cand.case)) if anch else None
         if a is not None:
             _anchored(p, a.factor)
@@ -175,7 +176,7 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
         if bad:
             broke.setdefault(bad, []).append(p)
         else:
-            p.score = score(p, req, host_w)
+            p.score = score(p, req, cal.coefficients)
             points.append(p)
         if progress is not None and i % 2048 == 0:
             progress(stats.enumerated, total)

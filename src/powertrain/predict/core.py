@@ -14,7 +14,7 @@ from powertrain.core.flops import Shape, model_flops_per_step, recompute_flops_p
 from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.memory import memory_per_device
-from powertrain.predict.power import DevicePower, clock_exponent, clock_factor, step_power
+from powertrain.predict.power import DevicePower, clock_exponent, clock_factor, node_power_w, step_power
 from powertrain.predict.steptime import StepTime, step_time
 from powertrain.predict.thermal import SlotThermal, slot_temperatures
 
@@ -170,7 +170,7 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
             throttle_share=sum(len(s.slots) for s in slots if s.throttled) / dpn,
         )
     raw = (case, st, mem_bd, fits, clock, thermal_clock,
-           energy + c.host_w_per_node * case.nodes * t if dev.has_power_sensor else None,
+           node_power_w(energy / t, case.nodes, c) * t if dev.has_power_sensor else None,
            slots if dev.has_power_sensor else None)
     if not fits:
         why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "

@@ -24,7 +24,8 @@ makes every GEMM larger while the per-layer host time and collective latencies s
 share — and the peak — grow with it (the study's finding: larger micro-batches, longer uninterrupted
 GEMM bursts, higher peak excursions). A burst shorter than the window is smoothed with the waiting
 draw between bursts: ``P_peak = max(P_mean, P_w + (P_burst − P_w)·min(1, burst/window))``.
-The swing is peak minus the waiting-phase draw. Node power adds a fixed host term per node.
+The swing is peak minus the waiting-phase draw. Node power (:func:`node_power_w`) adds a fixed host term
+per node and the power supplies' conversion loss: it is wall (AC) power.
 
 :func:`step_power` is the one call a predictor makes with a :class:`~powertrain.predict.steptime.StepTime`;
 :func:`device_power` takes the phase times as numbers.
@@ -61,6 +62,13 @@ def phase_powers(dev: DeviceSpec, c: Coefficients) -> tuple[float, float, float]
     """(compute, memory-bound, waiting) power at full clocks, W."""
     dyn = dev.power_at_peak_w - dev.idle_w
     return dev.idle_w + c.power_compute * dyn, dev.idle_w + c.power_memory * dyn, dev.idle_w + c.power_wait * dyn
+
+
+def node_power_w(devices_w: float, nodes: float, c: Coefficients) -> float:
+    """Wall (AC) power of ``nodes`` nodes whose devices draw ``devices_w`` together: the devices plus the
+    host term of each node, a DC load, through the power supplies' conversion loss (``psu_efficiency``).
+    What a facility meter or an MLPerf AC power log reads; the one formula for node power."""
+    return (devices_w + c.host_w_per_node * nodes) / c.psu_efficiency
 
 
 def clock_factor(dev: DeviceSpec, c: Coefficients, limit_w: float | None) -> float:
