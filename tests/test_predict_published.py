@@ -416,12 +416,14 @@ def test_mlperf_results_of_every_round_are_named_by_their_round() -> None:
 
 def test_pytorch_native_frameworks_run_flashattention2_and_say_so() -> None:
     """torchtitan, Composer/llm-foundry: FA2-class attention (stated); Megatron/NeMo and AutoModel (TE): fused."""
-    from powertrain.predict.published import attention_kernel_of, run_from_entry
+    from powertrain.predict.published import read_framework, run_from_entry
 
-    assert attention_kernel_of("torchtitan (FSDP2/DTensor)") == "flash2"
-    assert attention_kernel_of("MosaicML Composer + llm-foundry (PyTorch FSDP)") == "flash2"
-    assert attention_kernel_of("Megatron-Bridge / NeMo 26.04") == "fused"
-    assert attention_kernel_of("NeMo AutoModel (PyTorch-native: FSDP2, Transformer Engine kernels)") == "fused"
+    assert read_framework("torchtitan (FSDP2/DTensor)").attention == "flash2"
+    assert read_framework("MosaicML Composer + llm-foundry (PyTorch FSDP)").attention == "flash2"
+    assert read_framework("Megatron-Bridge / NeMo 26.04").attention == "fused"
+    assert read_framework("NeMo AutoModel (PyTorch-native: FSDP2, Transformer Engine kernels)").attention == "fused"
+    # a run whose framework field is empty but whose reference is torchtitan's docs runs its stack
+    assert read_framework("", "pytorch/torchtitan docs/performance.md").attention == "flash2"
     titan = next(run_from_entry(e) for e in _entries() if "torchtitan" in str(e.get("framework")))
     assert titan.case is not None and titan.case.attention_kernel == "flash2"
     assert any(a.startswith("attention: FlashAttention-2") for a in titan.assumptions)
@@ -432,12 +434,24 @@ def test_pytorch_native_frameworks_run_flashattention2_and_say_so() -> None:
 
 def test_a_year_alone_does_not_make_a_run_legacy_megatron() -> None:
     """Megatron-LM 2019-21 defaults (no SP, gradients reduced after backward) only for Megatron-LM of that era."""
-    from powertrain.predict.published import _era
+    from powertrain.predict.published import read_framework
 
-    assert _era("Megatron-LM", "NVIDIA/Megatron-LM README (2020 table)") == "megatron-legacy"
-    assert _era("", "Narayanan et al., SC'21") == "megatron-legacy"
-    assert _era("NeMo 25.09 (MLPerf NVIDIA implementation)", "MLCommons Training v5.1 results, 2021 rules") == "megatron-core"
-    assert _era("Composer (PyTorch FSDP), 2021 release", "") == "megatron-core"
+    def era(fw: str, ref: str) -> str:
+        return read_framework(fw, ref).era
+
+    assert era("Megatron-LM", "NVIDIA/Megatron-LM README (2020 table)") == "megatron-legacy"
+    assert era("", "Narayanan et al., SC'21") == "megatron-legacy"
+    assert era("NeMo 25.09 (MLPerf NVIDIA implementation)", "MLCommons Training v5.1 results, 2021 rules") == "megatron-core"
+    assert era("Composer (PyTorch FSDP), 2021 release", "") == "megatron-core"
+
+
+def test_only_modelled_frameworks_skip_the_stated_megatron_core_assumption() -> None:
+    from powertrain.predict.published import read_framework
+
+    assert read_framework("Megatron-Bridge / NeMo 26.04").modelled
+    assert read_framework("torchtitan").modelled
+    assert not read_framework("NeMo AutoModel (FSDP2)").modelled  # PyTorch-native, whatever its name says
+    assert not read_framework("MosaicML Composer").modelled
 
 
 def test_torchtitans_pipeline_micro_batch_default_is_stated() -> None:

@@ -91,31 +91,43 @@ def read_precision(value: Any) -> tuple[str, str | None]:
     return "bf16", f"precision {value!r} names no GEMM precision: bf16 assumed"
 
 
-def _era(fw: str, ref: str) -> str:
-    f = f"{fw} {ref}".lower()
-    if "torchtitan" in f:
-        return "torchtitan"
-    if "maxtext" in f:
-        return "maxtext"
-    # Megatron-LM of 2019-21 (before Megatron-Core): named by its papers, its commit, or Megatron-LM with a
-    # year of that era — a year alone (a date in some other framework's note) does not make a run legacy
-    legacy_year = "megatron" in f and any(y in f for y in ("2019", "2020", "2021"))
-    if legacy_year or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
-        return "megatron-legacy"
-    return "megatron-core"
-
-
-# Framework names whose defaults the eras above describe; any other is read with Megatron-Core's, stated.
-_KNOWN_FRAMEWORKS = ("megatron", "nemo", "mlperf", "torchtitan", "maxtext")
+# Framework names whose defaults the eras below describe; any other is read with Megatron-Core's, stated.
+_MODELLED_FRAMEWORKS = ("megatron", "nemo", "mlperf", "torchtitan", "maxtext")
 # PyTorch-native stacks whose attention is FlashAttention-2 class (SDPA's flash backend, the flash-attn
 # package, llm-foundry's triton kernel), not Transformer Engine's cuDNN fused attention.
 _FLASH2_FRAMEWORKS = ("torchtitan", "composer", "llm-foundry", "mosaicml")
 
 
-def attention_kernel_of(framework: str) -> str:
-    """The attention kernel a framework runs by default ("flash2" for PyTorch-native stacks, else "fused")."""
-    f = framework.lower()
-    return "flash2" if any(k in f for k in _FLASH2_FRAMEWORKS) and "transformer engine" not in f else "fused"
+@dataclass(frozen=True, slots=True)
+class FrameworkReading:
+    """What a run's framework (and its reference) say about the defaults it ran with — read in one place."""
+
+    era: str  # whose defaults fill what the run leaves unsaid: megatron-core, megatron-legacy, torchtitan, maxtext
+    modelled: bool  # False: no framework whose defaults are modelled (Megatron-Core's are assumed, and stated)
+    attention: str  # "flash2" (a PyTorch-native stack's FlashAttention-2 class) or "fused" (TE / cuDNN)
+
+
+def read_framework(framework: str, ref: str = "") -> FrameworkReading:
+    """The era, whether its defaults are modelled, and the attention kernel of a run's framework text."""
+    fw = framework.lower()
+    f = f"{fw} {ref.lower()}"
+    # Megatron-LM of 2019-21 (before Megatron-Core): named by its papers, its commit, or Megatron-LM with a
+    # year of that era — a year alone (a date in some other framework's note) does not make a run legacy
+    legacy_year = "megatron" in f and any(y in f for y in ("2019", "2020", "2021"))
+    if "torchtitan" in f:
+        era = "torchtitan"
+    elif "maxtext" in f:
+        era = "maxtext"
+    elif legacy_year or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
+        era = "megatron-legacy"
+    else:
+        era = "megatron-core"
+    # NeMo AutoModel is PyTorch-native (FSDP2), not NeMo's Megatron-Core path, whatever its name says
+    modelled = any(k in fw for k in _MODELLED_FRAMEWORKS) and "automodel" not in fw
+    # an era read from the reference alone (torchtitan's docs) names the stack too
+    a = f"{fw} {era}"
+    attention = "flash2" if any(k in a for k in _FLASH2_FRAMEWORKS) and "transformer engine" not in a else "fused"
+    return FrameworkReading(era, modelled, attention)
 
 
 # --- free-text fields ---------------------------------------------------------------------------------
@@ -255,13 +267,12 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     if tp * pp * cp * dp != count:
         out.skip = f"tp·pp·cp·dp = {tp * pp * cp * dp} ≠ {count} devices"
         return out
-    era = _era(str(r.get("framework", "")), ref)
     fw = str(r.get("framework") or "")
-    # NeMo AutoModel is PyTorch-native (FSDP2), not NeMo's Megatron-Core path, whatever its name says
-    if not any(k in fw.lower() for k in _KNOWN_FRAMEWORKS) or "automodel" in fw.lower():
+    stack = read_framework(fw, ref)
+    if not stack.modelled:
         out.assumptions.append(f"framework {fw or 'not published'!r} is none whose defaults are modelled: Megatron-Core's "
                                "assumed (distributed optimizer without FSDP, DP-overlap, SP with TP)")
-    case = _case(r, m, hw, par, b, dev, era, (tp, pp, cp, dp), out)
+    case = _case(r, m, hw, par, b, dev, stack, (tp, pp, cp, dp), out)
     from powertrain.predict.moe import enrich_case
 
     case = enrich_case(case, r)  # MoE/attention details, the fp8 recipe (issue 15, predict/moe.py)
@@ -348,7 +359,7 @@ def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict
 
 
 def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any],
-          dev: DeviceSpec, era: str, degrees: tuple[int, int, int, int], out: PublishedRun) -> Case:
+          dev: DeviceSpec, stack: FrameworkReading, degrees: tuple[int, int, int, int], out: PublishedRun) -> Case:
     """The Case of an entry whose required fields are present (framework defaults fill the rest)."""
     tp, pp, cp, dp = degrees
     count = tp * pp * cp * dp
@@ -358,7 +369,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
         out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
     micro = _int(b.get("micro"))
-    if micro is None and era == "torchtitan" and pp > 1:
+    if micro is None and stack.era == "torchtitan" and pp > 1:
         micro = 1
         out.assumptions.append("micro-batch not published: 1, torchtitan's pipeline default")
     elif micro is None:
@@ -373,11 +384,11 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     caveats = " ".join(str(c) for c in r.get("caveats") or []).lower()
     act = str(m.get("activation") or "gelu").lower()
     precision, prec_note = read_precision(r.get("precision"))
-    modern = era == "megatron-core"
+    modern = stack.era == "megatron-core"
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
     if par.get("vp") is None and pp > 1:
         vp_note = "virtual stages not published: no interleaving (V = 1) assumed"
-    recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), era)
+    recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), stack.era)
     out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
     hidden = int(_int(m["hidden"]) or 1)
     ffn, ffn_note = _ffn_or_assumed(m, hidden, act.startswith(("swiglu", "geglu")))
@@ -388,7 +399,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if _int(m.get("kv_heads")) is None:
         out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
-    kernel = attention_kernel_of(f"{r.get('framework') or ''} {era}")
+    kernel = stack.attention
     if kernel == "flash2":
         out.assumptions.append("attention: FlashAttention-2 class (a PyTorch-native framework's default, not Transformer "
                                "Engine's fused attention)")
@@ -401,14 +412,14 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         gated=act.startswith("swiglu") or act.startswith("geglu"),
         tied_embeddings=m.get("tied_embeddings") is True or str(m.get("tied_embeddings")).lower() in ("true", "yes"),
         tp=tp, pp=pp, dp=dp, cp=cp, ep=int(_int(par.get("ep")) or 1), vp=vp,
-        sequence_parallel=bool(par.get("sequence_parallel")) or (era != "megatron-legacy" and tp > 1),
+        sequence_parallel=bool(par.get("sequence_parallel")) or (stack.era != "megatron-legacy" and tp > 1),
         fsdp=bool(fsdp),
         distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
         pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if vp > 1 else "1f1b")),
         micro_batch=int(micro), global_batch=gb, recompute=recompute,
         precision=precision,
         overlap_tp=modern or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
-        overlap_dp=era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
+        overlap_dp=stack.era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
         power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
         device=dev, nodes=max(1, count // gpn), devices_per_node=gpn,
