@@ -283,8 +283,9 @@ def test_a_gpu_generation_no_published_run_has_is_said_to_be_unvalidated() -> No
     seen = published_generations()
     assert seen >= _VALIDATED_GENERATIONS  # the shortcut never hides a generation the files lack
     assert unvalidated_devices(["h100-sxm", "gb200"]) == []
-    assert unvalidated_devices(["mi300x", "h100-sxm", "mi250x"]) == ["mi300x", "mi250x"]
-    assert unvalidated_devices(["mi355x"]) == []  # CDNA4: set G's MLPerf v5.1 MI355X/MI350X runs
+    assert unvalidated_devices(["mi250x", "h100-sxm", "mi300x"]) == ["mi250x"]  # CDNA2: no published run
+    assert unvalidated_devices(["mi355x"]) == []  # CDNA4: sets G, H and J (MLPerf v5.1 MI355X/MI350X)
+    assert unvalidated_devices(["mi325x"]) == []  # CDNA3: set J (MLPerf v5.1 LoRA on MI300X/MI325X)
 
 
 def test_precision_and_shape_defaults_are_stated_never_silent() -> None:

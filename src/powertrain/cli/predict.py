@@ -263,7 +263,7 @@ def unvalidated_devices(devices: list[str]) -> list[str]:
 
 # generations every packaged published set is known to cover (checked against the files by a test); others are
 # looked up in the files, which is slower and only needed for rarer devices
-_VALIDATED_GENERATIONS = frozenset({"volta", "ampere", "hopper", "blackwell", "blackwell_ultra", "cdna4"})
+_VALIDATED_GENERATIONS = frozenset({"volta", "ampere", "hopper", "blackwell", "blackwell_ultra", "cdna3", "cdna4"})
 
 
 def published_generations() -> set[str]:
