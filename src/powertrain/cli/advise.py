@@ -53,7 +53,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
     gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour.")] = None,
     kwh_price: Annotated[float | None, typer.Option("--kwh-price", help="Price per kWh.")] = None,
     power_cap: Annotated[float | None, typer.Option("--power-cap", help="Per-GPU power limit (W) the site allows.")] = None,
-    node_kw: Annotated[float | None, typer.Option("--node-kw", help="Node power budget (kW, predicted peak).")] = None,
+    node_kw: Annotated[float | None, typer.Option("--node-kw", help="Node power budget (kW, predicted peak at the wall: GPUs + host, through the power supplies).")] = None,
     rack_kw: Annotated[float | None, typer.Option("--rack-kw", help="Rack power budget (kW, predicted peak).")] = None,
     nodes_per_rack: Annotated[int | None, typer.Option("--nodes-per-rack", min=1, help="Nodes sharing --rack-kw "
                                                                                         "(default: all).")] = None,
