@@ -149,8 +149,8 @@ def test_sigterm_to_monitor_stops_both_cleanly(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "powertrain.cli.__main__", "monitor", "--out", str(out),
                              "-q", "--", sys.executable, "-c", "import time; time.sleep(60)"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(lambda: (out / "logs" / "command.stdout").exists())
-    time.sleep(1.0)
+    # some telemetry on disk before the signal (what the end state is checked for), however slow the machine
+    _wait_for(lambda: (out / "logs" / "command.stdout").exists() and _rows_so_far(out) > 0, timeout=60)
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
     info = RunDir(out).read()
