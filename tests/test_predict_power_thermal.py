@@ -165,3 +165,28 @@ def test_mlperf_node_power_within_ten_percent() -> None:
     dc = node * c.psu_efficiency
     assert abs(dc / float(run.raw["measured"]["node_power_dc_w"]) - 1) <= 0.10
     assert abs(node / measured - 1) <= 0.10, (node, measured)
+
+
+def test_node_power_is_the_dc_load_through_the_power_supplies_one_formula_for_predict_and_advise(tmp_path: Path) -> None:
+    """predict's node energy and the advisor's idle-node check use the same wall-power formula; a profile's
+    power-supply efficiency changes both, and one outside (0.5, 1] is refused naming the fix."""
+    import yaml
+
+    from powertrain.predict import load_calibration
+    from powertrain.predict.calibration import calibration_from_dict
+    from powertrain.predict.power import node_power_w
+
+    cal = load_calibration("default")
+    c = cal.coefficients
+    assert node_power_w(8 * 500.0, 1, c) == pytest.approx((4000 + c.host_w_per_node) / c.psu_efficiency)
+    case = Case(layers=8, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=32000, seq_len=2048, dp=8, micro_batch=1,
+                global_batch=8, device=get_device("h100-sxm"), nodes=1, devices_per_node=8)
+    p = predict(case, cal)
+    t, devices_j = p.metrics["step_time_mean_s"], p.metrics["energy_per_step_j"]
+    assert p.breakdown["node_energy_per_step_j"] == pytest.approx(node_power_w(devices_j / t, 1, c) * t)
+    better = cal.with_coefficients(psu_efficiency=0.98)
+    assert predict(case, better).breakdown["node_energy_per_step_j"] < p.breakdown["node_energy_per_step_j"]
+    raw = yaml.safe_load(yaml.safe_dump(cal.to_dict()))
+    raw["coefficients"]["psu_efficiency"] = 96
+    with pytest.raises(ValueError, match=r"psu_efficiency 96 .* between 0\.5 and 1"):
+        calibration_from_dict(raw, "my-site.yaml")

@@ -139,6 +139,10 @@ def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibr
     unknown = set(coeffs) - set(COEFFICIENT_NAMES)
     if unknown:
         raise ValueError(f"{where}: unknown coefficients {sorted(unknown)}; known: {', '.join(COEFFICIENT_NAMES)}")
+    eta = coeffs.get("psu_efficiency")
+    if eta is not None and not 0.5 <= float(eta) <= 1.0:
+        raise ValueError(f"{where}: psu_efficiency {eta!r} is the power supplies' output ÷ input: give a value between "
+                         "0.5 and 1 (0.96 for 80 PLUS Titanium at half load, 0.98 for central rectification)")
     probes = [dict(r) for r in raw.get("host_probes", []) or []]
     for r in probes:
         HostProbe.from_dict(r, f"{where}: host_probes")  # refuse an incomplete record now, not mid-prediction
