@@ -83,7 +83,7 @@ def measured_node_power(data: Path) -> dict[str, float]:
 def predicted_node_power(profile: str) -> dict[str, float]:
     """The power model's node power for the run (power.step_power on the predicted step), and what
     ``predict()`` reports (the same once core.predict hands the power model its step breakdown)."""
-    from powertrain.predict.power import clock_factor, node_power_w, step_power
+    from powertrain.predict.power import clock_factor, node_dc_w, node_power_w, step_power
     from powertrain.predict.steptime import step_time
 
     run = next(r for r in load_published() if r.id == RUN_ID)
@@ -97,7 +97,7 @@ def predicted_node_power(profile: str) -> dict[str, float]:
     via_predict = predict(run.case, cal).metrics["power_mean_w"]
     return {"gpu_mean_w": pw.mean_w, "gpu_peak_w": pw.peak_w, "host_w": c.host_w_per_node,
             "psu_efficiency": c.psu_efficiency,
-            "node_w": node_power_w(pw.mean_w * dpn, 1, c), "node_dc_w": pw.mean_w * dpn + c.host_w_per_node,
+            "node_w": node_power_w(pw.mean_w * dpn, 1, c), "node_dc_w": node_dc_w(pw.mean_w * dpn, 1, c),
             "step_s": st.total_s, "predict_node_w": node_power_w(via_predict * dpn, 1, c),
             "compute_share": st.compute_s / st.total_s,
             "measured_step_s": float(run.raw["measured"]["iteration_time_s"]) if run.raw else float("nan")}

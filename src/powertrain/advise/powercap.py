@@ -6,7 +6,8 @@ slots that pass their slowdown temperature (thermal throttling), tokens/s, J/tok
 peak draw. :func:`knee` is the cap with the lowest J/token — below it the longer step costs more
 static (idle and host) energy than the lower clocks save. Both energies are shown: the devices'
 (``j_per_token``, as ``predict`` reports it) and the node's (devices plus the calibration's host
-power per node), since a whole node is what the site pays for.
+power per node, at the wall: :func:`powertrain.predict.power.node_power_w`), since a whole node is what
+the site pays for.
 """
 
 from __future__ import annotations

@@ -123,8 +123,10 @@ def score(p: Point, req: Request, c: Coefficients) -> float:
     seconds = (o.tokens or 0) / p.tokens_per_s
     if o.kind == "time":
         return seconds
-    # cost: GPU-hours plus the energy of the whole nodes (devices' mean power + host, at the wall) over the run
-    node_w = node_power_w((p.power_mean_w or 0.0) * req.world, req.nodes, c)
+    # cost: GPU-hours plus the energy of the whole nodes (devices' mean power + host, at the wall) over the run;
+    # make_request refuses a cost objective on a device without a power model, so the power is known here
+    assert p.power_mean_w is not None
+    node_w = node_power_w(p.power_mean_w * req.world, req.nodes, c)
     return seconds / 3600 * req.world * (o.gpu_hour_price or 0) + node_w * seconds / 3.6e6 * (o.kwh_price or 0)
 
 

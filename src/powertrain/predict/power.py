@@ -64,11 +64,17 @@ def phase_powers(dev: DeviceSpec, c: Coefficients) -> tuple[float, float, float]
     return dev.idle_w + c.power_compute * dyn, dev.idle_w + c.power_memory * dyn, dev.idle_w + c.power_wait * dyn
 
 
+def node_dc_w(devices_w: float, nodes: float, c: Coefficients) -> float:
+    """The DC load of ``nodes`` nodes whose devices draw ``devices_w`` together: the devices plus the host
+    term of each node (what an MLPerf DC power log reads)."""
+    return devices_w + c.host_w_per_node * nodes
+
+
 def node_power_w(devices_w: float, nodes: float, c: Coefficients) -> float:
-    """Wall (AC) power of ``nodes`` nodes whose devices draw ``devices_w`` together: the devices plus the
-    host term of each node, a DC load, through the power supplies' conversion loss (``psu_efficiency``).
-    What a facility meter or an MLPerf AC power log reads; the one formula for node power."""
-    return (devices_w + c.host_w_per_node * nodes) / c.psu_efficiency
+    """Wall (AC) power of those nodes: their DC load through the power supplies' conversion loss
+    (``psu_efficiency``). What a facility meter or an MLPerf AC power log reads; the one formula for node
+    power that predict and advise use."""
+    return node_dc_w(devices_w, nodes, c) / c.psu_efficiency
 
 
 def clock_factor(dev: DeviceSpec, c: Coefficients, limit_w: float | None) -> float:
