@@ -228,3 +228,61 @@ def test_predict_three_times_on_a_cpu_spec_gives_identical_step_times(measured, 
         assert "note:" not in res.stderr  # no fresh probe was needed
         outs.append([(r["config"]["name"], repr(r["metrics"]["step_time_mean_s"])) for r in rows])
     assert outs[0] == outs[1] == outs[2]
+
+
+def _profile_with(**coefficients: object) -> dict:
+    import yaml
+
+    raw = yaml.safe_load(yaml.safe_dump(load_calibration("default").to_dict()))
+    raw["coefficients"].update(coefficients)
+    return raw
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("mem_eff", 0, r"mem_eff = 0 is outside 0\.01-1: it is the fraction of memory bandwidth"),
+    ("overlap_eff", 1.7, r"overlap_eff = 1\.7 is outside 0-1"),
+    ("moe_imbalance", 0.5, r"moe_imbalance = 0\.5 is outside 1-64: it is the busiest expert's load"),
+    ("layer_overhead_s", -1e-5, r"layer_overhead_s = -1e-05 is outside 0-1"),
+    ("gemm_eff_16", "fast", r"gemm_eff_16 = 'fast' is not a number"),
+    ("power_window_s", float("nan"), r"power_window_s = nan is not a number"),
+])
+def test_a_profile_coefficient_outside_where_it_means_anything_is_refused_naming_the_range(name, value, says) -> None:
+    """A hand-edited profile fails when loaded, in one line naming the coefficient, its range and meaning,
+    not mid-prediction (mem_eff 0 divided by zero) or silently (overlap_eff 1.7 hid more than there is)."""
+    from powertrain.predict.calibration import calibration_from_dict
+
+    with pytest.raises(ValueError, match=r"site\.yaml: coefficient " + says):
+        calibration_from_dict(_profile_with(**{name: value}), "site.yaml")
+
+
+def test_a_retired_coefficient_in_an_old_profile_is_named_not_ignored() -> None:
+    from powertrain.predict.calibration import calibration_from_dict
+
+    with pytest.raises(ValueError, match=r"old\.yaml: moe_dispatch_passes no longer change.*predict/moe\.py.*delete the line"):
+        calibration_from_dict(_profile_with(moe_dispatch_passes=8.0), "old.yaml")
+
+
+def test_every_coefficient_has_a_validity_range_that_holds_its_default_and_every_fit_bound() -> None:
+    """One table says where each coefficient means something; the defaults, the shipped profile, the CPU
+    fit's clamps and the published-run refit's literature ranges all lie inside it, and every coefficient
+    changes some prediction (a retired one is refused, above)."""
+    import importlib.util
+    from pathlib import Path
+
+    from powertrain.predict import calibrate
+    from powertrain.predict.calibration import COEFFICIENT_NAMES, VALID_RANGES, Coefficients
+
+    assert set(VALID_RANGES) == set(COEFFICIENT_NAMES)
+    shipped = load_calibration("default").coefficients
+    for k, (lo, hi, _) in VALID_RANGES.items():
+        assert lo <= getattr(Coefficients(), k) <= hi and lo <= getattr(shipped, k) <= hi, k
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("predict_accuracy", root / "benchmarks" / "predict_accuracy.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for bounds in (calibrate.BOUNDS, bench.BOUNDS):
+        for k, (lo, hi) in bounds.items():
+            assert VALID_RANGES[k][0] <= lo < hi <= VALID_RANGES[k][1], k
+    src = "".join(p.read_text() for p in (root / "src" / "powertrain").rglob("*.py"))
+    assert [k for k in COEFFICIENT_NAMES if f".{k}" not in src] == []  # each is read somewhere

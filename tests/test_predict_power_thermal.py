@@ -186,5 +186,5 @@ def test_node_power_is_the_dc_load_through_the_power_supplies_one_formula_for_pr
     assert predict(case, better).breakdown["node_energy_per_step_j"] < p.breakdown["node_energy_per_step_j"]
     raw = yaml.safe_load(yaml.safe_dump(cal.to_dict()))
     raw["coefficients"]["psu_efficiency"] = 96
-    with pytest.raises(ValueError, match=r"psu_efficiency 96 .* between 0\.5 and 1"):
+    with pytest.raises(ValueError, match=r"psu_efficiency = 96 is outside 0\.5-1: it is the power supplies"):
         calibration_from_dict(raw, "my-site.yaml")

@@ -17,6 +17,7 @@ of probing the host again (which on a shared machine reads differently on every 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -57,8 +58,6 @@ class Coefficients:
     attn_eff_ratio: float = 0.55
     # Multiplier on the counted elementwise traffic (norms, activations, residuals, routing).
     elementwise_scale: float = 1.0
-    # 16-bit passes over each routed token copy per MoE layer forward (dispatch, combine, casts).
-    moe_dispatch_passes: float = 8.0
     # Fraction of HBM bandwidth memory-bound kernels reach.
     mem_eff: float = 0.75
     # Host/launch overhead per layer per micro-batch forward (backward costs twice).
@@ -133,22 +132,75 @@ class Calibration:
 
 COEFFICIENT_NAMES = tuple(f.name for f in fields(Coefficients))
 
+# Where each coefficient means something: outside, a formula divides by zero, a share exceeds the whole or
+# a time runs backwards. These are validity limits, not priors: the fits (predict/calibrate.py, the
+# published-run refit in benchmarks/predict_accuracy.py) keep to narrower literature ranges inside them.
+_EFF = (1e-3, 4.0, "a fraction of the device's peak (above 1 only where a CPU probe reads its peak low)")
+VALID_RANGES: dict[str, tuple[float, float, str]] = {
+    "gemm_eff_fp32": _EFF, "gemm_eff_16": _EFF, "gemm_eff_fp8": _EFF, "gemm_eff_fp4": _EFF,
+    "gemm_lowp_scale": (0.1, 4.0, "a multiplier on the generation's fp8/fp4 speed-up (1: the literature ratio)"),
+    "gemm_knee": (1.0, 65536.0, "a GEMM dimension, in elements"),
+    "grouped_gemm_eff": (0.05, 1.5, "a grouped GEMM's speed ÷ one dense GEMM of the same shape"),
+    "attn_eff_ratio": (0.01, 2.0, "attention's speed ÷ a large 16-bit GEMM's"),
+    "elementwise_scale": (0.05, 20.0, "a multiplier on the counted elementwise traffic"),
+    "mem_eff": (0.01, 1.0, "the fraction of memory bandwidth memory-bound kernels reach"),
+    "layer_overhead_s": (0.0, 1.0, "seconds per layer and micro-batch"),
+    "moe_layer_overhead_s": (0.0, 0.1, "seconds per MoE layer pass"),
+    "step_overhead_s": (0.0, 600.0, "seconds per step"),
+    "comm_eff_intra": (0.01, 1.5, "the fraction of link bandwidth collectives reach"),
+    "comm_eff_inter": (0.01, 1.5, "the fraction of link bandwidth collectives reach"),
+    "comm_latency_scale": (0.01, 1e5, "achieved collective latency ÷ the link's"),
+    "overlap_eff": (0.0, 1.0, "the share of a compute window communication hides behind"),
+    "tp_overlap_exposed": (0.0, 1.0, "the exposed share of overlapped TP communication"),
+    "moe_imbalance": (1.0, 64.0, "the busiest expert's load ÷ the mean"),
+    "power_compute": (0.0, 1.2, "a share of (power at peak − idle)"),
+    "power_memory": (0.0, 1.2, "a share of (power at peak − idle)"),
+    "power_wait": (0.0, 1.0, "a share of (power at peak − idle)"),
+    "power_clock_exponent": (0.5, 5.0, "the exponent of dynamic power versus clock (physics: 2-3)"),
+    "power_window_s": (1e-3, 60.0, "the sensor's averaging time, seconds"),
+    "host_w_per_node": (0.0, 50_000.0, "watts per node"),
+    "psu_efficiency": (0.5, 1.0, "the power supplies' output ÷ input (0.96 for 80 PLUS Titanium at half load)"),
+    "mem_overhead_bytes": (0.0, 1e13, "bytes per device"),
+    "mem_fragmentation": (1.0, 4.0, "allocated ÷ requested memory"),
+}
+# Coefficients earlier releases wrote into profiles that no longer change any prediction: named, not ignored.
+RETIRED_COEFFICIENTS = {
+    "moe_dispatch_passes": "routing traffic is now counted from the model's shape (predict/moe.py)",
+}
 
-def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibration:
-    coeffs = raw.get("coefficients", {}) or {}
+
+def _checked_coefficients(coeffs: dict[str, Any], where: str) -> dict[str, float]:
+    """The profile's coefficients as floats, each inside :data:`VALID_RANGES`, or a ValueError naming the fix."""
+    retired = sorted(set(coeffs) & set(RETIRED_COEFFICIENTS))
+    if retired:
+        why = "; ".join(f"{k}: {RETIRED_COEFFICIENTS[k]}" for k in retired)
+        raise ValueError(f"{where}: {', '.join(retired)} no longer change(s) any prediction ({why}); delete the line")
     unknown = set(coeffs) - set(COEFFICIENT_NAMES)
     if unknown:
         raise ValueError(f"{where}: unknown coefficients {sorted(unknown)}; known: {', '.join(COEFFICIENT_NAMES)}")
-    eta = coeffs.get("psu_efficiency")
-    if eta is not None and not 0.5 <= float(eta) <= 1.0:
-        raise ValueError(f"{where}: psu_efficiency {eta!r} is the power supplies' output ÷ input: give a value between "
-                         "0.5 and 1 (0.96 for 80 PLUS Titanium at half load, 0.98 for central rectification)")
+    out: dict[str, float] = {}
+    for k, v in coeffs.items():
+        lo, hi, meaning = VALID_RANGES[k]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError(f"{where}: coefficient {k} = {v!r} is not a number; it is {meaning}")
+        if not lo <= v <= hi:
+            raise ValueError(f"{where}: coefficient {k} = {v!r} is outside {lo:g}-{hi:g}: it is {meaning}; "
+                             f"give a value in that range (the default is {getattr(Coefficients(), k):g})")
+        out[k] = float(v)
+    return out
+
+
+def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibration:
+    coeffs = raw.get("coefficients", {}) or {}
+    if not isinstance(coeffs, dict):
+        raise ValueError(f"{where}: `coefficients` must be a mapping of name: value; known: {', '.join(COEFFICIENT_NAMES)}")
+    checked = _checked_coefficients(coeffs, where)
     probes = [dict(r) for r in raw.get("host_probes", []) or []]
     for r in probes:
         HostProbe.from_dict(r, f"{where}: host_probes")  # refuse an incomplete record now, not mid-prediction
     return Calibration(
         name=str(raw.get("name", "custom")),
-        coefficients=Coefficients(**{k: float(v) for k, v in coeffs.items()}),
+        coefficients=Coefficients(**checked),
         error=dict(raw.get("error", {}) or {}),
         fitted_on=list(raw.get("fitted_on", []) or []),
         device=raw.get("device"),
