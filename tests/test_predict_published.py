@@ -202,7 +202,7 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
                 "heldout_modelzoo_qwen3.yaml": 17, "heldout_nemo_b200_longseq.yaml": 8,
                 "heldout_setf_moe_folding.yaml": 62, "heldout_setg_mlperf_training.yaml": 20,
                 "heldout_seth_mlperf_partners.yaml": 18, "heldout_seti_moe.yaml": 15,
-                "heldout_setj_mlperf_lora_partners.yaml": 21,
+                "heldout_setj_mlperf_lora_partners.yaml": 21, "heldout_setk_mbridge_moe_26.yaml": 56,
                 "heldout_vendor_suites.yaml": 116}
     assert [p.name for p in HELDOUT_FILES] == sorted(expected)
     by_name = {p.name: p for p in HELDOUT_FILES}
