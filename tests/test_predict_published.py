@@ -203,6 +203,7 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
                 "heldout_setf_moe_folding.yaml": 62, "heldout_setg_mlperf_training.yaml": 20,
                 "heldout_seth_mlperf_partners.yaml": 18, "heldout_seti_moe.yaml": 15,
                 "heldout_setj_mlperf_lora_partners.yaml": 21, "heldout_setk_mbridge_moe_26.yaml": 56,
+                "heldout_setl_moe.yaml": 29,
                 "heldout_vendor_suites.yaml": 116}
     assert [p.name for p in HELDOUT_FILES] == sorted(expected)
     by_name = {p.name: p for p in HELDOUT_FILES}
