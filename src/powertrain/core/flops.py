@@ -43,6 +43,8 @@ class Shape(NamedTuple):
     qk_rope_dim: int = 0
     v_head_dim: int = 0
     mtp_layers: int = 0
+    # one vocab×hidden matrix serves as embedding and head (its logit GEMM still runs): fewer parameters
+    tied_embeddings: bool = False
 
 
 def shape_of(model: Any, seq_len: int | None = None) -> Shape:
@@ -54,16 +56,16 @@ def shape_of(model: Any, seq_len: int | None = None) -> Shape:
         gated = getattr(model, "family", "llama") in ("llama", "mixtral")
     experts = int(getattr(model, "experts", 1) or 1)
     moe_ffn = int(getattr(model, "moe_ffn", 0) or 0) or (model.ffn if experts > 1 else 0)
-    extra = (int(getattr(model, k, 0) or 0) for k in _EXTRA)
+    def extra(k: str) -> int:
+        return int(getattr(model, k, 0) or 0)
+
     # a ModelConfig's MoE `ffn` is the expert's width, its dense layers' width `dense_ffn` (a Case: ffn, moe_ffn)
     ffn = int(getattr(model, "dense_ffn", 0) or 0) or model.ffn
     return Shape(model.layers, model.hidden, ffn, model.heads, model.kv_heads, model.vocab,
                  int(seq_len or model.seq_len), experts, int(getattr(model, "top_k", 1) or 1), moe_ffn,
-                 int(getattr(model, "shared_experts", 0) or 0), bool(gated), *extra)
-
-
-_EXTRA = ("head_dim", "shared_ffn", "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim",
-          "mtp_layers")
+                 int(getattr(model, "shared_experts", 0) or 0), bool(gated), extra("head_dim"), extra("shared_ffn"),
+                 extra("dense_layers"), extra("q_lora_rank"), extra("kv_lora_rank"), extra("qk_rope_dim"),
+                 extra("v_head_dim"), extra("mtp_layers"), bool(getattr(model, "tied_embeddings", False)))
 
 
 class LayerFlops(NamedTuple):

@@ -27,6 +27,12 @@ from powertrain.hardware import (
 )
 
 GATED_FAMILIES = ("llama", "mixtral")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+# low-precision recipes predict/precision.py knows, per precision
+RECIPES = {"fp8": ("delayed", "current", "blockwise", "mxfp8"), "fp4": ("nvfp4",)}
+# PyTorch DDP's bucket_cap_mb counts MiB of gradients; powertrain's trainer keeps fp32 parameters (autocast)
+_DDP_GRAD_BYTES = 4.0
 
 
 @dataclass(slots=True)
@@ -86,6 +92,12 @@ class Case:
     overlap_fsdp: bool = True
     overlap_param_gather: bool = False
     overlap_ep: bool = False  # EP dispatcher overlap (all-to-all hidden behind another micro-batch's compute)
+    # FSDP frees each layer's gathered weights after its forward and gathers them again for its backward;
+    # False (FSDP2 reshard_after_forward=False): they stay gathered until the backward, no second gather
+    fsdp_reshard: bool = True
+    # gradient bucket, in parameters: the last bucket's reduction starts after the backward ends, so it
+    # stays exposed whatever the overlap (Megatron: 40 M; PyTorch DDP: bucket_cap_mb of fp32 gradients)
+    dp_bucket_params: float = 40e6
     # FSDP that gathers parameter by parameter (DeepSpeed ZeRO-3, 2021): each rank's collectives run on its
     # own NIC share (no striping over the node's NICs); prefetched like FSDP; gradients reduced in 16 bits
     fsdp_per_param: bool = False
@@ -108,6 +120,15 @@ class Case:
     _domain: int = field(init=False, default=0, repr=False)
 
     def __post_init__(self) -> None:
+        # a misspelt name would silently mean the default (GPipe read as 1F1B, "FP8" priced at the fp32 peak)
+        if self.pp_schedule not in PP_SCHEDULES:
+            raise ValueError(f"pp_schedule {self.pp_schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.recipe and self.recipe not in RECIPES.get(self.precision, ()):
+            known = ", ".join(f"{p}: {'/'.join(r)}" for p, r in RECIPES.items())
+            raise ValueError(f"recipe {self.recipe!r} does not apply to precision {self.precision}; recipes by "
+                             f"precision: {known} (or none: the generation's usual one)")
         self.world = self.tp * self.pp * self.dp * self.cp
         self.is_moe = self.experts > 1
         self._domain = max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
@@ -215,7 +236,8 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         pp_schedule=lay.pp_schedule, pp_split=lay.pp_split,
         micro_batch=k.micro_batch, global_batch=k.global_batch, recompute=k.recompute,
         precision=k.precision, recipe=k.fp8_recipe or "", overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
-        overlap_fsdp=ov.fsdp_prefetch, power_limit_w=k.power_limit_w,
+        overlap_fsdp=ov.fsdp_prefetch, fsdp_reshard=ov.fsdp_reshard_after_forward,
+        dp_bucket_params=ov.ddp_bucket_mb * 2**20 / _DDP_GRAD_BYTES, power_limit_w=k.power_limit_w,
         measured_steps=cfg.protocol.measured_steps,
         device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
     )

@@ -105,6 +105,12 @@ def _as_case(cfg: Any, cal: Calibration) -> Case:
     broken = layout_violations(cfg)
     if broken:
         raise ValueError("; ".join(str(v) for v in broken))
+    # the model lowers clocks under a power limit; a lock in MHz needs each device's clock range, which the
+    # catalog does not hold: refused rather than predicted at full clocks
+    locks = [f"knobs.{n}" for n in ("sm_clock_mhz", "mem_clock_mhz") if getattr(cfg.knobs, n, None) is not None]
+    if locks:
+        raise ValueError(f"{' and '.join(locks)}: predict models power limits, not clock locks; drop "
+                         f"{'them' if len(locks) > 1 else 'it'} or use knobs.power_limit_w")
     # a CPU RunConfig takes the calibration's host probe (what its coefficients were fitted against)
     return case_from_run_config(cfg, calibration=cal)
 

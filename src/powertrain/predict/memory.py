@@ -157,8 +157,9 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
             weights = (dense / dp_shard + experts / ep_shard) * w_b
             grads = (dense / dp_shard + experts / ep_shard) * g_b
             optim = (dense / dp_shard + experts / ep_shard) * o_b
-            # the current and the prefetched layer's gathered 16-bit weights
-            gathered = 2 * (dense_layer + expert_layer) * w_b
+            # the current and the prefetched layer's gathered 16-bit weights; without resharding after the
+            # forward every layer's stay gathered until its backward
+            gathered = (2 if case.fsdp_reshard else n) * (dense_layer + expert_layer) * w_b
         else:
             weights = (dense + experts) * w_b
             grads = (dense + experts) * g_b

@@ -398,6 +398,13 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         out.assumptions.append("vocabulary not published: 51,200 assumed (GPT-2's, padded as Megatron-LM does)")
     if _int(m.get("kv_heads")) is None:
         out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
+    sp_field = par.get("sequence_parallel")
+    if isinstance(sp_field, bool):
+        sequence_parallel = sp_field  # stated: a stated False is not overridden by the framework's default
+    else:
+        sequence_parallel = stack.era != "megatron-legacy" and tp > 1
+        if sequence_parallel:
+            out.assumptions.append("sequence parallelism not published: on with TP, the framework's default")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
     kernel = stack.attention
     if kernel == "flash2":
@@ -412,7 +419,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         gated=act.startswith("swiglu") or act.startswith("geglu"),
         tied_embeddings=m.get("tied_embeddings") is True or str(m.get("tied_embeddings")).lower() in ("true", "yes"),
         tp=tp, pp=pp, dp=dp, cp=cp, ep=int(_int(par.get("ep")) or 1), vp=vp,
-        sequence_parallel=bool(par.get("sequence_parallel")) or (stack.era != "megatron-legacy" and tp > 1),
+        sequence_parallel=sequence_parallel,
         fsdp=bool(fsdp),
         distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
         pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if vp > 1 else "1f1b")),

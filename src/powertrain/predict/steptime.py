@@ -420,16 +420,13 @@ def local_parameters(case: Case, sh: Shape) -> LocalParameters:
     p = parameter_counts(sh)
     n_stage = max(rank_layers(case))
     dense_dev = (p["attention"] + p["mlp"] + p["router"] + p["norms"]) / case.layers * n_stage / tp
-    dense_dev += (p["embedding"] + p["head"]) / tp / pp  # spread: first/last stage hold them
+    # spread: the first/last stage hold them; tied weights over several stages keep a copy on the last
+    head = p["head"] or (p["embedding"] if pp > 1 else 0.0)
+    dense_dev += (p["embedding"] + head) / tp / pp
     expert_dev = p["experts"] / case.layers * n_stage / (case.expert_tp * case.ep)
     d_dense = case.dp * case.cp
     return LocalParameters(dense=dense_dev, expert=expert_dev, dense_group=d_dense,
                            expert_group=moe.expert_dp(case)[1] if case.is_moe else max(1, d_dense // case.ep))
-
-
-# Megatron's gradient buckets hold 40 M parameters (PyTorch DDP: 25 MB): the last bucket's reduction
-# starts only after the backward ends, so it stays exposed whatever the overlap.
-DP_BUCKET_PARAMS = 40e6
 
 
 def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slowest_rank: float) -> tuple[float, float]:
@@ -470,7 +467,8 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
         # FSDP prefetches the next layer's gather; DeepSpeed ZeRO-3 too (stage3_prefetch_bucket_size, its
         # overlap_comm defaults on for stage 3: ZeRO-Infinity's overlap-centric design, SC'21 §6)
         ovl = c.overlap_eff if case.overlap_fsdp else 0.0
-        per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag + rs - ovl * t_b_stage)
+        ag_b = ag if case.fsdp_reshard else 0.0  # weights kept gathered from the forward need no second gather
+        per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag_b + rs - ovl * t_b_stage)
         return 0.0, case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))
     if case.distributed_optimizer and not case.owner_broadcast_optimizer:
         rs = half(dense_dev * grad_b, expert_dev * grad_b)
@@ -480,7 +478,7 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
         ag = owner_broadcasts(case, f, g_d, g_e, dense_dev, expert_dev) if case.distributed_optimizer else 0.0
     if case.overlap_dp:
         window = t_b_stage * (1 + (vp - 1) / vp * 0.5 * (pp > 1))
-        last_bucket = rs * min(1.0, DP_BUCKET_PARAMS / max(1.0, dense_dev + expert_dev))
+        last_bucket = rs * min(1.0, case.dp_bucket_params / max(1.0, dense_dev + expert_dev))
         dp_exposed = max(last_bucket, rs - c.overlap_eff * window)
     else:
         dp_exposed = rs

@@ -1,0 +1,96 @@
+"""Every knob the predictor accepts changes what it predicts, or is refused: the settings an audit found
+accepted and then ignored (tied embeddings, FSDP resharding, the DDP bucket, clock locks, a published
+record's stated sequence parallelism, misspelt schedule/precision/recipe names)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from powertrain.hardware import get_device
+from powertrain.predict import Case, predict
+from powertrain.predict.calibration import load_calibration
+from powertrain.predict.steptime import step_time
+from powertrain.spec.run import RunConfig
+
+H100 = get_device("h100-sxm")
+LLAMA8B = dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, seq_len=8192, micro_batch=1,
+               device=H100, devices_per_node=8)
+
+
+def test_tied_embeddings_hold_one_vocab_matrix_fewer_in_memory_and_in_the_gradient_reduction() -> None:
+    c = load_calibration("default").coefficients
+    base = Case(**LLAMA8B, dp=8, global_batch=64, overlap_dp=False)
+    untied, tied = predict(base), predict(replace(base, tied_embeddings=True))
+    # weights (2 B), fp32 gradients (4 B), Adam moments and master copy (12 B): 18 B per parameter at pp = 1
+    saved = base.vocab * base.hidden * 18
+    assert untied.metrics["mem_per_device_bytes"] - tied.metrics["mem_per_device_bytes"] == pytest.approx(saved, rel=0.05)
+    assert step_time(replace(base, tied_embeddings=True), c).breakdown["dp_comm_exposed_s"] < \
+        step_time(base, c).breakdown["dp_comm_exposed_s"]
+
+
+def test_fsdp_without_resharding_keeps_the_layers_gathered_and_skips_the_backward_gather() -> None:
+    c = load_calibration("default").coefficients
+    base = Case(**LLAMA8B, dp=16, nodes=2, global_batch=64, fsdp=True, overlap_fsdp=False)  # gathers exposed
+    kept = replace(base, fsdp_reshard=False)
+    assert predict(kept).metrics["mem_per_device_bytes"] > predict(base).metrics["mem_per_device_bytes"] + 5 * 2**30
+    assert step_time(kept, c).breakdown["fsdp_comm_exposed_s"] < step_time(base, c).breakdown["fsdp_comm_exposed_s"]
+
+
+def test_a_larger_ddp_bucket_leaves_more_of_the_gradient_reduction_exposed() -> None:
+    c = load_calibration("default").coefficients
+    base = Case(**LLAMA8B, dp=16, nodes=2, global_batch=16)
+    small, whole = replace(base, dp_bucket_params=6.5e6), replace(base, dp_bucket_params=1e10)
+    assert step_time(small, c).breakdown["dp_comm_exposed_s"] < step_time(whole, c).breakdown["dp_comm_exposed_s"]
+
+
+def _spec(**knobs: object) -> RunConfig:
+    return RunConfig.model_validate({
+        "name": "k", "model": "llama3-8b", "hardware": {"device": "h100-sxm", "nodes": 2, "devices_per_node": 8},
+        "layout": {"fsdp": True}, "knobs": {"micro_batch": 1, "global_batch": 64, **knobs}})
+
+
+def test_a_run_specs_fsdp_and_bucket_knobs_reach_the_prediction() -> None:
+    base = predict(_spec())
+    kept = predict(_spec(overlap={"fsdp_reshard_after_forward": False}))
+    assert kept.metrics["mem_per_device_bytes"] > base.metrics["mem_per_device_bytes"]
+    from powertrain.predict import case_from_run_config
+
+    # PyTorch DDP's bucket_cap_mb is MiB of the trainer's fp32 gradients
+    assert case_from_run_config(_spec(overlap={"ddp_bucket_mb": 100.0})).dp_bucket_params == 100 * 2**20 / 4
+
+
+@pytest.mark.parametrize("knob", [{"sm_clock_mhz": [1200, 1200]}, {"mem_clock_mhz": 1593}])
+def test_a_clock_lock_is_refused_by_predict_not_predicted_at_full_clocks(knob: dict) -> None:
+    with pytest.raises(ValueError, match=r"predict models power limits, not clock locks; drop it or use knobs\.power_limit_w"):
+        predict(_spec(**knob))
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("pp_schedule", "GPipe", r"pp_schedule 'GPipe': use one of gpipe, 1f1b, interleaved_1f1b"),
+    ("precision", "FP8", r"precision 'FP8': use one of fp32"),
+    ("recipe", "mx-fp8", r"recipe 'mx-fp8' does not apply to precision bf16"),
+])
+def test_a_misspelt_schedule_precision_or_recipe_is_refused_not_read_as_the_default(field: str, value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Case(**LLAMA8B, dp=8, global_batch=8, **{field: value})
+    with pytest.raises(ValueError, match=r"recipe 'mxfp8' does not apply to precision fp4"):
+        Case(**LLAMA8B, dp=8, global_batch=8, precision="fp4", recipe="mxfp8")
+    Case(**LLAMA8B, dp=8, global_batch=8, precision="fp8", recipe="mxfp8")  # a known pair is fine
+
+
+def test_a_published_record_that_states_no_sequence_parallelism_is_read_as_stated() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = {"id": "sp-off", "framework": "NeMo 2.0", "source": {"ref": "t"}, "task": "pretrain", "precision": "bf16",
+             "model": {"name": "llama", "arch": "dense", "layers": 80, "hidden": 8192, "ffn": 28672, "heads": 64,
+                       "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "activation": "swiglu"},
+             "hardware": {"gpu": "H100", "count": 8, "gpus_per_node": 8},
+             "parallel": {"tp": 2, "pp": 1, "cp": 1, "dp": 4, "sequence_parallel": False},
+             "batch": {"micro": 1, "global": 8}, "measured": {"tokens_per_s_per_gpu": 1000}}
+    assert run_from_entry(entry).case.sequence_parallel is False
+    entry["parallel"].pop("sequence_parallel")
+    unstated = run_from_entry(entry)
+    assert unstated.case.sequence_parallel is True
+    assert any("sequence parallelism not published" in a for a in unstated.assumptions)
