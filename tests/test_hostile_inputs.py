@@ -338,7 +338,9 @@ def _import_file(kind: str, name: str, content: str | bytes, names: str, invalid
             src.write_bytes(content)
         else:
             src.write_text(content)
-        return Hostile(["import", kind, str(src), "--out", str(tmp / "imported"), "--tz", "UTC", *extra],
+        # --tz only where the kind reads it: elsewhere it is refused before the source is read
+        tz = ("--tz", "UTC") if kind not in ("study_csv", "kineto", "mlperf") else ()
+        return Hostile(["import", kind, str(src), "--out", str(tmp / "imported"), *tz, *extra],
                        names, invalid=invalid)
     return make
 

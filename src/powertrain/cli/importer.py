@@ -32,10 +32,11 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
         None, "--tz", help="Time zone of local-time stamps in the sources (IANA name, UTC, +HH:MM). "
         "Default: this machine's zone; recorded in run.json."),
     gpus: int | None = typer.Option(
-        None, "--gpus", help="nvsmi without an index/uuid column: GPUs per sample (default: inferred)."),
+        None, "--gpus", min=1, help="nvsmi without an index/uuid column: GPUs per sample (default: inferred)."),
     host: list[str] | None = typer.Option(
         None, "--host", help="nvsmi: host name for each file, in order (default node0, node1, ...)."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="study_csv: ranks per node (rank → node, slot)."),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=1, help="study_csv: ranks per node (rank → node, slot; default 8)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="framework_log: sequence length, to count tokens."),
     anchor: str | None = typer.Option(
         None, "--anchor", metavar="TIME",
@@ -89,6 +90,9 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
 
     Every imported step is in the measured window (less --warmup-steps), so `powertrain summarize` and
     `powertrain report` show step time, throughput and, where power was imported, energy.
+
+    An option that no source of the import reads (--gpus, --host, --gpus-per-node, --seq-len, --anchor,
+    --warmup-steps, --hta; --tz unless the sources, --anchor or --window read it) is refused.
     """
     anchor_ns = _anchor_ns(anchor, tz)
     cap = _max_bytes(max_bytes)

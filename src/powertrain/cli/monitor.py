@@ -128,6 +128,7 @@ def monitor(
         out = Path("runs") / f"monitor-{dt.datetime.now():%Y%m%d-%H%M%S}"
     parser = None
     try:
+        _check_pairs(parse, seq_len, prometheus, prometheus_public)
         _check_listen(prometheus, prometheus_public)  # a bad value is a usage error before anything starts
         _check_out(out)
         task = slurm_task()
@@ -157,6 +158,15 @@ def _report(parser: LiveStepParser | None, out: Path, info: dict[str, Any]) -> N
     if info:
         print_summary(out, info)
         sys.stdout.flush()
+
+
+def _check_pairs(parse: str | None, seq_len: int | None, prometheus: str | None, public: bool) -> None:
+    """Options read only through another one: alone they would be accepted and change nothing."""
+    if seq_len is not None and not parse:
+        raise ValueError("--seq-len counts tokens of --parse step lines: add --parse ENGINE, or drop --seq-len")
+    if public and not prometheus:
+        raise ValueError("--prometheus-public opens the --prometheus endpoint to the network: add --prometheus "
+                         "[HOST:]PORT, or drop --prometheus-public")
 
 
 def _check_listen(prometheus: str | None, public: bool = False) -> None:

@@ -73,6 +73,7 @@ def predict_cmd(
 
       powertrain predict --study --figure results/study-clusters
     """
+    _check_options(spec, study, figure, out_dir, force)
     if hardware:
         _use_hardware_files(hardware)
     cal = _calibration_or_exit(profile)
@@ -91,6 +92,16 @@ def predict_cmd(
         _print_table(results, cal, elapsed)
     if study and figure is not None:
         _write_figure(results, figure)
+
+
+def _check_options(spec: Path | None, study: bool, figure: Path | None, out_dir: Path | None, force: bool) -> None:
+    """Options that only act together with another: alone they would be accepted and do nothing."""
+    if spec is not None and study:
+        fail(f"{shown(spec)} and --study: --study predicts the study's matrices, not a spec; give one of them")
+    if figure is not None and not study:
+        fail("--figure draws the --study comparison: add --study, or drop --figure")
+    if force and out_dir is None:
+        fail("--force applies to --out (replace earlier predictions there): add --out DIR, or drop --force")
 
 
 def _use_hardware_files(hardware: list[Path]) -> None:

@@ -33,6 +33,10 @@ def restore_cmd(
 
     Example:  sudo powertrain restore          (or: powertrain restore --list)
     """
+    if list_only and force:
+        err.print("error: --list changes nothing and --force changes what it restores: drop one of them",
+                  markup=False, highlight=False, style="red")
+        raise typer.Exit(2)
     from powertrain.control.ledger import Ledger, owner_alive
     from powertrain.launch.controls import restore_left_over
 

@@ -122,6 +122,10 @@ def summarize(
 
       powertrain summarize runs/dp2 --all
     """
+    if quiet and show_all:
+        err.print("error: --all shows more of the printed table and --quiet prints none: drop one of them",
+                  markup=False, highlight=False, style="red")
+        raise typer.Exit(2)
     if not path.exists():
         err.print(f"[red]error:[/] {path} does not exist")
         raise typer.Exit(2)

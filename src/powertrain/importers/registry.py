@@ -58,7 +58,9 @@ _OPTIONS = {  # which keyword options each importer takes
 }
 # Options that only some kinds read: given for an import where no source reads them, they are refused
 # rather than silently ignored.
-_REFUSED_UNLESS_READ = {"anchor_ns": "--anchor", "warmup_steps": "--warmup-steps", "seq_len": "--seq-len"}
+_REFUSED_UNLESS_READ = {"anchor_ns": "--anchor", "warmup_steps": "--warmup-steps", "seq_len": "--seq-len",
+                        "gpus": "--gpus", "hosts": "--host", "gpus_per_node": "--gpus-per-node", "hta": "--hta",
+                        "tz": "--tz"}
 
 
 # Kinds whose importer reads files only: each file is one run (a folder of them is usually several runs).
@@ -135,10 +137,23 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
           name: str | None = None, window_ns: tuple[int, int] | None = None, **options: Any) -> RunBuilder:
     """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
     groups = group_sources(kind, sources)
+    refused = []  # (flag, who reads it): all named in one line, not one per attempt
     for opt, flag in _REFUSED_UNLESS_READ.items():
-        if options.get(opt) is not None and not any(opt in _OPTIONS[k] for k in groups):
-            readers = ", ".join(k for k, o in _OPTIONS.items() if opt in o)
-            raise ValueError(f"{flag} does not apply to {', '.join(groups)} sources (only to {readers}): drop it")
+        if options.get(opt) is None or any(opt in _OPTIONS[k] for k in groups):
+            continue
+        readers = ", ".join(k for k, o in _OPTIONS.items() if opt in o)
+        if opt == "tz":
+            # the CLI reads --anchor and --window times without a zone in --tz, whatever the sources
+            if options.get("anchor_ns") is not None or window_ns is not None:
+                continue
+            readers += ", and the times of --anchor and --window"
+        refused.append((flag, readers))
+    if len(refused) == 1:
+        (flag, readers), = refused
+        raise ValueError(f"{flag} does not apply to {', '.join(groups)} sources (only to {readers}): drop it")
+    if refused:
+        raise ValueError(f"{', '.join(f'{f} (only {r})' for f, r in refused)} do not apply to "
+                         f"{', '.join(groups)} sources: drop them")
     builders = []
     for k, paths in groups.items():
         opts = {o: v for o, v in options.items() if o in _OPTIONS[k] and v is not None}
