@@ -4,8 +4,8 @@
 validated by building the RunConfig, so a spec this writes always loads). Knobs the spec cannot hold
 are listed in ``notes`` instead of being dropped silently: a precision other than fp32/bf16 (the
 built-in trainer runs those two), parameter-gather overlap (a Megatron distributed-optimizer flag),
-a clock lock (written as ``knobs.sm_clock_mhz`` only where the spec has that knob and the maximum
-clock is given).
+a clock lock without the GPUs' maximum SM clock (``max_sm_clock_mhz``, ``advise --max-sm-clock-mhz``;
+with it the lock is written as ``knobs.sm_clock_mhz``: the fraction times that clock, pinned).
 
 :func:`emit_flags` prints the equivalent command-line flags of Megatron-LM, NeMo 2 (recipe overrides)
 or torchtitan (TOML keys as ``--section.key`` flags); a setting an engine has no flag for is named in
@@ -22,7 +22,7 @@ import yaml
 from powertrain.advise.request import Request
 from powertrain.advise.space import Candidate
 from powertrain.spec.model import catalog
-from powertrain.spec.run import Knobs, RunConfig, spec_precision
+from powertrain.spec.run import RunConfig, spec_precision
 
 ENGINES = ("megatron", "nemo", "torchtitan")
 
@@ -57,12 +57,13 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
                     "fsdp_prefetch": bool(c.overlap_fsdp)},
     }
     if cand.clock_lock is not None:
-        if max_sm_clock_mhz and "sm_clock_mhz" in Knobs.model_fields:
-            mhz = round(cand.clock_lock * max_sm_clock_mhz)
+        mhz = _lock_mhz(cand.clock_lock, max_sm_clock_mhz)
+        if mhz is not None:
             knobs["sm_clock_mhz"] = [mhz, mhz]
         else:
-            notes.append(f"SM clock lock at {cand.clock_lock:.0%} of the maximum: give --max-sm-clock-mhz (and a "
-                         "powertrain whose spec has knobs.sm_clock_mhz) to write it; not written")
+            notes.append(f"SM clock lock at {cand.clock_lock:.0%} of the maximum: not written; give the GPUs' maximum "
+                         "SM clock (powertrain advise --max-sm-clock-mhz MHZ; nvidia-smi -q -d CLOCK, Max Clocks) "
+                         "to write it as knobs.sm_clock_mhz")
     elif c.power_limit_w is not None:
         knobs["power_limit_w"] = float(c.power_limit_w)
     layout: dict[str, Any] = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "fsdp": lay.fsdp,
@@ -81,6 +82,11 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
         spec["launch"] = {"device_order": list(device_order)}
     RunConfig.model_validate(spec)  # what this writes always loads
     return spec, notes
+
+
+def _lock_mhz(ratio: float, max_sm_clock_mhz: float | None) -> int | None:
+    """The SM clock (whole MHz, as knobs.sm_clock_mhz takes it) a lock at ``ratio`` of the maximum pins."""
+    return round(ratio * max_sm_clock_mhz) if max_sm_clock_mhz else None
 
 
 def _header(notes: list[str], what: str) -> str:
@@ -128,11 +134,12 @@ _MEGATRON_RC = {"none": [], "selective": ["--recompute-activations"],
                 "full": ["--recompute-granularity full", "--recompute-method block", "--recompute-num-layers {L}"]}
 
 
-def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
-    """The candidate as another engine's flags (one per line; unsupported settings as # comments)."""
+def emit_flags(cand: Candidate, req: Request, engine: str, max_sm_clock_mhz: float | None = None) -> str:
+    """The candidate as another engine's flags (one per line; unsupported settings as # comments). With
+    ``max_sm_clock_mhz`` a clock lock's ``nvidia-smi -lgc`` line names the clock in MHz."""
     c, lay = cand.case, cand.layout
     if engine == "megatron":
-        return _megatron(cand, req)
+        return _megatron(cand, req, max_sm_clock_mhz)
     if engine == "nemo":
         out = [f"trainer.num_nodes={req.nodes}", f"trainer.devices={req.devices_per_node}",
                f"trainer.strategy.tensor_model_parallel_size={lay.tp}",
@@ -153,7 +160,7 @@ def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
                     f"model.config.recompute_num_layers={max(1, c.layers // max(1, lay.pp * lay.virtual_stages))}"]
         if lay.fsdp:
             out.append("# FSDP: NeMo 2 uses Megatron FSDP (trainer.strategy.fsdp=megatron) where available")
-        out += _power_comments(cand)
+        out += _power_comments(cand, max_sm_clock_mhz)
         return " \\\n  ".join(x for x in out if not x.startswith("#")) + "\n" + \
             "\n".join(x for x in out if x.startswith("#"))
     if engine == "torchtitan":
@@ -179,11 +186,11 @@ def emit_flags(cand: Candidate, req: Request, engine: str) -> str:
             out.append("--model.converters float8")
         notes = ["# torchtitan shards with FSDP2: a distributed optimizer is FSDP's sharding there"] \
             if c.distributed_optimizer else []
-        return " \\\n  ".join(out) + "\n" + "\n".join(notes + _power_comments(cand))
+        return " \\\n  ".join(out) + "\n" + "\n".join(notes + _power_comments(cand, max_sm_clock_mhz))
     raise ValueError(f"--emit {engine!r}: use a .yaml path, or one of {', '.join(ENGINES)}")
 
 
-def _megatron(cand: Candidate, req: Request) -> str:
+def _megatron(cand: Candidate, req: Request, max_sm_clock_mhz: float | None = None) -> str:
     c, lay = cand.case, cand.layout
     out = [f"--tensor-model-parallel-size {lay.tp}", f"--pipeline-model-parallel-size {lay.pp}",
            f"--context-parallel-size {lay.cp}", f"--expert-model-parallel-size {lay.ep}",
@@ -210,14 +217,15 @@ def _megatron(cand: Candidate, req: Request) -> str:
     out.append({"bf16": "--bf16", "fp16": "--fp16", "fp8": "--bf16 --fp8-format hybrid"}.get(req.precision, ""))
     notes = ["# GPipe: Megatron-LM has no GPipe schedule; its 1F1B has the same bubble"] \
         if lay.pp > 1 and lay.pp_schedule == "gpipe" else []
-    return " \\\n  ".join(x for x in out if x) + "\n" + "\n".join(notes + _power_comments(cand))
+    return " \\\n  ".join(x for x in out if x) + "\n" + "\n".join(notes + _power_comments(cand, max_sm_clock_mhz))
 
 
-def _power_comments(cand: Candidate) -> list[str]:
+def _power_comments(cand: Candidate, max_sm_clock_mhz: float | None = None) -> list[str]:
     c = cand.case
     if cand.clock_lock is not None:
-        return [f"# before launch: lock SM clocks to {cand.clock_lock:.0%} of the maximum on every GPU "
-                "(nvidia-smi -lgc MIN,MAX; root)"]
+        mhz = _lock_mhz(cand.clock_lock, max_sm_clock_mhz)
+        how = f"nvidia-smi -lgc {mhz},{mhz}" if mhz is not None else "nvidia-smi -lgc MHZ,MHZ"
+        return [f"# before launch: lock SM clocks to {cand.clock_lock:.0%} of the maximum on every GPU ({how}; root)"]
     if c.power_limit_w is not None:
         return [f"# before launch: nvidia-smi -pl {c.power_limit_w:.0f} on every GPU (root)"]
     return []

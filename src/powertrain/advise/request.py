@@ -9,9 +9,10 @@ they are refused before anything is enumerated, with the nearest feasible change
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -41,7 +42,8 @@ class Constraints:
 
 @dataclass(frozen=True)
 class Objective:
-    """What to rank by. ``tokens`` (time/cost), prices (cost) are needed by some."""
+    """What to rank by. ``tokens`` (time, cost) and the prices (cost) are read by those objectives only;
+    :func:`make_request` refuses them with any other."""
 
     kind: str = "throughput"
     tokens: float | None = None  # tokens to train (time-to-train and cost)
@@ -66,7 +68,6 @@ class Request:
     power_caps: tuple[float | None, ...] = (None,)  # per-GPU caps to try (None: the device default)
     clock_locks: tuple[float, ...] = ()  # SM clock locks to try, as a fraction of the maximum clock
     max_vp: int = 8  # largest interleaving (virtual stages) tried
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -112,7 +113,7 @@ def _caps(dev: DeviceSpec, caps: list[float] | None, site_cap: float | None,
     """Power caps to try: the given ones; else, when energy or a power/thermal limit is part of the
     request, the default limit and 90 … 50 % of it; else only the default limit (GPUs only)."""
     if not dev.has_power_sensor:
-        if caps or site_cap:
+        if caps or site_cap is not None:
             raise ValueError(f"--power-caps/--power-cap: {dev.name} has no power sensor or limit to set; "
                              "drop the option for a CPU")
         return (None,)
@@ -122,12 +123,15 @@ def _caps(dev: DeviceSpec, caps: list[float] | None, site_cap: float | None,
         values = [None] + [round(dev.tdp_w * f / 10) * 10 for f in (0.9, 0.8, 0.7, 0.6, 0.5)]
     else:  # caps only slow a throughput search down: each is a slower, cooler copy of the same layout
         values = [None]
-    for v in values:
+    for option, v in [("--power-caps", v) for v in values] + [("--power-cap", site_cap)]:
         if v is not None and not dev.idle_w < v <= 100_000:
-            raise ValueError(f"--power-caps: {v:g} W is not above {dev.name}'s idle draw ({dev.idle_w:g} W); "
+            raise ValueError(f"{option}: {v:g} W is not above {dev.name}'s idle draw ({dev.idle_w:g} W); "
                              f"use caps between {dev.idle_w:g} and {dev.tdp_w:g} W")
     if site_cap is not None:
-        values = [site_cap if v is None or v > site_cap else v for v in values]
+        # the default limit is the TDP: a site cap at or above it leaves "no cap" as it is (writing the site's
+        # cap there would be a limit above the TDP, which plan's power_limit_range rule rejects)
+        bound = site_cap if site_cap < dev.tdp_w else None
+        values = [bound if v is None or v > site_cap else v for v in values]
     return tuple(dict.fromkeys(values))
 
 
@@ -170,6 +174,8 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     if objective.kind in ("energy", "cost", "pareto") and not dev.has_power_sensor:
         raise ValueError(f"--objective {objective.kind}: {dev.name} has no power model (no sensor); "
                          "use --objective throughput or time")
+    _check_objective_inputs(objective)
+    _check_limits(dev, constraints)
     if not 0 <= constraints.mem_headroom < 1:
         raise ValueError("--mem-headroom is a share of device memory: give 0 ≤ it < 1 (e.g. 0.1)")
     locks = tuple(clock_locks or ())
@@ -183,6 +189,42 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
                    objective=objective, power_caps=_caps(dev, power_caps, constraints.power_cap_w,
                                                         _power_matters(constraints, objective)),
                    clock_locks=locks, max_vp=max_vp)
+
+
+def _check_objective_inputs(o: Objective) -> None:
+    """Refuse an objective input the chosen objective does not read: it would change nothing shown."""
+    readers = (("--tokens", o.tokens, ("time", "cost")), ("--gpu-hour-price", o.gpu_hour_price, ("cost",)),
+               ("--kwh-price", o.kwh_price, ("cost",)))
+    for option, value, kinds in readers:
+        if value is None:
+            continue
+        if o.kind not in kinds:
+            raise ValueError(f"{option} is read by --objective {' and '.join(kinds)} only, not {o.kind}; "
+                             f"drop it or use --objective {kinds[0]}")
+        least = "above 0" if option == "--tokens" else "of at least 0"
+        if not math.isfinite(value) or value < 0 or (option == "--tokens" and value == 0):
+            # a negative count or price flips the score's sign: the slowest or dearest would rank first
+            raise ValueError(f"{option} {value:g}: give a finite number {least}")
+
+
+def _check_limits(dev: DeviceSpec, c: Constraints) -> None:
+    """Refuse limits nothing can check: on a device without a power or temperature model every
+    candidate's power and temperature are unknown, so the limit would pass them all."""
+    if c.nodes_per_rack is not None and c.rack_kw is None:
+        raise ValueError(f"--nodes-per-rack {c.nodes_per_rack}: it sets how many nodes share --rack-kw; add "
+                         "--rack-kw KW or drop it")
+    if c.nodes_per_rack is not None and c.nodes_per_rack < 1:
+        raise ValueError(f"--nodes-per-rack {c.nodes_per_rack}: give a node count ≥ 1")
+    if dev.has_power_sensor:
+        return
+    given = (("--max-temp", c.max_temp_c is not None, "temperature sensor or model"),
+             ("--no-throttle", c.no_throttle, "temperature sensor or model"),
+             ("--node-kw", c.node_kw is not None, "power sensor or model"),
+             ("--rack-kw", c.rack_kw is not None, "power sensor or model"))
+    for option, on, what in given:
+        if on:
+            raise ValueError(f"{option}: {dev.name} has no {what}, so no configuration can be checked against "
+                             f"it; drop {option} for a CPU")
 
 
 def _power_matters(c: Constraints, o: Objective) -> bool:

@@ -22,7 +22,10 @@ change it), against capacity × (1 − headroom). Only survivors become :class:`
 A clock lock is modelled as the power cap that gives the same compute clock
 (:func:`powertrain.predict.power.clock_factor` inverted): the predictor's power model has the
 clock as its only free variable, so the two are the same point for it. That is an estimate: a real
-lock also lowers the memory-bound phases' power, which this model does not see.
+lock also lowers the memory-bound phases' power, which this model does not see. A locked GPU under
+a power limit (the site's ``--power-cap``, else the default limit) runs at the lower of the two
+clocks, so a lock is searched only where it sets the clock below what that limit allows; above it,
+the lock predicts exactly like the limit alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 from powertrain.advise.request import Request
 from powertrain.predict import Calibration, Case, Coefficients, memory_per_device
 from powertrain.predict.case import case_from_run_config
-from powertrain.predict.power import phase_powers
+from powertrain.predict.power import clock_exponent, phase_powers
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import Hardware, Knobs, RunConfig, spec_precision
 from powertrain.spec.validate import TRAINER_ONLY_RULES, validate
@@ -49,7 +52,6 @@ class Candidate:
     case: Case
     layout: Layout  # resolved (dp set); pp_split even
     clock_lock: float | None = None  # fraction of the maximum SM clock, None: not locked
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def label(self) -> str:
         c = self.case
@@ -78,7 +80,9 @@ class SpaceStats:
     enumerated: int = 0
     rejected_rules: int = 0
     rejected_memory: int = 0
-    same_as_uncapped: int = 0  # caps/locks that do not bind: the same prediction as no cap
+    # caps/locks that predict exactly like another power point (a cap that cannot bind is the uncapped point;
+    # a lock above the clock the site cap or default limit allows is that limit's point): not predicted twice
+    same_as_uncapped: int = 0
     kept: int = 0
     rule_counts: dict[str, int] = field(default_factory=dict)
     smallest_memory: tuple[float, str] | None = None  # (bytes, label) of the least memory seen
@@ -149,20 +153,35 @@ def _overlaps(lay: dict[str, Any], dist: bool, engine: str = "megatron") -> list
 
 
 def lock_as_cap(req: Request, c: Coefficients, ratio: float) -> float:
-    """The power cap at which the model's compute clock equals ``ratio`` of the maximum (see module doc)."""
+    """The power cap at which the model's compute clock is ``ratio`` of the maximum (see module doc):
+    :func:`~powertrain.predict.power.clock_factor` inverted, ``L = idle + (P_c − idle)·r^α``."""
     dev = req.device
     p_c = phase_powers(dev, c)[0]
-    top = min(p_c, dev.tdp_w)
-    # clock_factor: r = ((L − idle)/(P_c − idle))^(1/α) → L = idle + (P_c − idle)·r^α, relative to the
-    # clock the default limit allows
-    base = ((top - dev.idle_w) / (p_c - dev.idle_w)) ** (1 / c.power_clock_exponent) if p_c > dev.idle_w else 1.0
-    return dev.idle_w + (p_c - dev.idle_w) * (base * ratio) ** c.power_clock_exponent
+    return dev.idle_w + (p_c - dev.idle_w) * ratio ** clock_exponent(c)
 
 
-def _power_points(req: Request, c: Coefficients) -> list[tuple[float | None, float | None]]:
-    """(power cap, clock lock) points; caps that cannot bind collapse onto the uncapped point."""
-    pts: list[tuple[float | None, float | None]] = [(cap, None) for cap in req.power_caps]
-    pts += [(lock_as_cap(req, c, r), r) for r in req.clock_locks]
+PowerPoint = tuple[float | None, float | None, bool]  # (power cap, clock lock, predicted: not a repeat)
+
+
+def _power_points(req: Request, c: Coefficients) -> list[PowerPoint]:
+    """(power cap, clock lock, predicted) points. A point that predicts exactly like one before it has
+    ``predicted`` False: it is counted (:attr:`SpaceStats.same_as_uncapped`), not predicted again."""
+    top = min(req.device.tdp_w, phase_powers(req.device, c)[0])  # a limit at or above this lowers no clock
+    site = req.constraints.power_cap_w
+    limit = top if site is None else min(top, site)
+    seen: set[float | None] = set()
+    pts: list[PowerPoint] = []
+    for cap in req.power_caps:
+        same = cap if cap is not None and cap < top else None  # a cap that cannot bind is the uncapped point
+        pts.append((cap, None, same not in seen))
+        seen.add(same)
+    for r in req.clock_locks:
+        # A locked GPU under a power limit runs at the lower of the two clocks: the lock caps the clock from
+        # above and the limit's power controller lowers it further when the draw reaches the limit. In the
+        # model each is a cap on the compute phase's draw, so the lower clock is the lower cap. A lock at or
+        # above the limit's clock is the limit's own point (the site cap's candidates already hold it).
+        cap = min(lock_as_cap(req, c, r), limit)
+        pts.append((cap, r, cap < limit))
     return pts
 
 
@@ -193,7 +212,6 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
     st = stats if stats is not None else SpaceStats()
     coeffs = calibration.coefficients
     power = _power_points(req, coeffs)
-    cap_binds = {cap: cap is not None and _binds(req, coeffs, cap) for cap, _ in power}
     n_power = len(power)
     capacity = req.device.memory_bytes * (1 - req.constraints.mem_headroom)
     base: Case | None = None
@@ -224,14 +242,14 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
                     st.rejected_memory += n_ov * n_power
                     continue
                 for ov in _overlaps(lay, dist, req.engine):
-                    for cap, lock in power:
+                    for cap, lock, predicted in power:
                         knob_broken = knob_rules(req, cfg, lay, rc, dist, ov, cap, knob_cache)
                         if knob_broken:
                             st.rejected_rules += 1
                             for r in knob_broken:
                                 st.rule_counts[r] = st.rule_counts.get(r, 0) + 1
                             continue
-                        if cap is not None and not cap_binds[cap]:
+                        if not predicted:
                             st.same_as_uncapped += 1
                             continue
                         st.kept += 1
@@ -257,11 +275,6 @@ def knob_rules(req: Request, cfg: RunConfig, lay: dict[str, Any], rc: str, dist:
         got = [r for r in rule_failures(req, with_knobs) if r not in rule_failures(req, cfg)]
         cache[key] = got
     return got
-
-
-def _binds(req: Request, c: Coefficients, cap: float) -> bool:
-    """Whether a cap lowers the compute clock at all (else it predicts exactly like no cap)."""
-    return cap < min(req.device.tdp_w, phase_powers(req.device, c)[0])
 
 
 def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist: bool) -> Case:

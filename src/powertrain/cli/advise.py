@@ -70,12 +70,17 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
     profile: Annotated[str, typer.Option("--profile", "-p", help="Calibration profile name or YAML path.")] = "default",
     emit: Annotated[list[str] | None, typer.Option("--emit", help="FILE.yaml (runnable spec of #1 + FILE-sweep.yaml "
                                                                   "of the top N), or megatron, nemo, torchtitan "
-                                                                  "(print flags). Repeatable.")] = None,
+                                                                  "(print flags; with --json, in the JSON). "
+                                                                  "Repeatable.")] = None,
+    max_sm_clock_mhz: Annotated[int | None, typer.Option("--max-sm-clock-mhz", min=1, max=100_000, help=(
+        "The GPUs' maximum SM clock (MHz; nvidia-smi -q -d CLOCK, Max Clocks), so --emit writes an advised "
+        "--clock-locks fraction as knobs.sm_clock_mhz."))] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Folder for the advice report (report.html, figures/, advice.json).")] = None,
     placement: Annotated[Path | None, typer.Option("--placement", help="Measured or imported run directory "
                                                                        "(per-slot profile → stage placement), or "
                                                                        "'model' for the predictor's slot model.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the advice as one JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the advice as one JSON object (--emit, --html "
+                                                         "still write their files; messages go to stderr).")] = False,
     no_anchors: Annotated[bool, typer.Option("--no-anchors", help="Rank by the raw prediction even for layout "
                                                                   "families the profile's own runs measured.")] = False,
 ) -> None:
@@ -109,21 +114,36 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
             max_vp=max_vp)
     except ValueError as exc:
         fail(str(exc))
+    _check_clock_emit(req.clock_locks, emit or [], max_sm_clock_mhz)
     cal = _calibration(profile)
     adv = _search(req, cal, top, quiet=as_json, anchors=not no_anchors)
-    if as_json:
-        _print_json(adv, cal, placement)
-        return
-    _print_advice(adv)
-    _print_power(adv, cal)
-    placed = _print_placement(adv, cal, placement) if placement is not None else None
-    for target in emit or []:
-        _emit(adv, target, placed)
+    # with --json stdout holds the one JSON object only: what the text mode prints goes into it or to stderr
+    say = err if as_json else out
+    doc: dict[str, Any] = {}
+    if not as_json:
+        _print_advice(adv)
+        _print_power(adv, cal)
+    placed = _placement(adv, cal, placement, doc, show=not as_json) if placement is not None else None
+    emitted = [_emit(adv, target, placed, max_sm_clock_mhz, say, show_flags=not as_json) for target in emit or []]
     if html is not None:
         from powertrain.report.advise import write_advice_html
 
         write_advice_html(adv, html, cal)
-        out.print(f"HTML report: {escape(str(html))}")
+        say.print(f"HTML report: {escape(str(html))}")
+    if as_json:
+        _print_json(adv, doc, emitted, html)
+
+
+def _check_clock_emit(locks: tuple[float, ...], emit: list[str], max_mhz: int | None) -> None:
+    """--max-sm-clock-mhz is read only to write a clock lock out; a spec written without it would drop the
+    lock, so a spec target with --clock-locks needs it."""
+    if max_mhz is not None and not locks:
+        fail("--max-sm-clock-mhz converts --clock-locks fractions to MHz: add --clock-locks or drop it")
+    if max_mhz is not None and not emit:
+        fail("--max-sm-clock-mhz is read by --emit (it writes the advised clock lock): add --emit FILE.yaml or drop it")
+    if locks and max_mhz is None and any(t.endswith((".yaml", ".yml")) for t in emit):
+        fail("--emit FILE.yaml with --clock-locks: give --max-sm-clock-mhz MHZ (the GPUs' maximum SM clock, "
+             "nvidia-smi -q -d CLOCK) so an advised lock is written as knobs.sm_clock_mhz")
 
 
 def _calibration(profile: str) -> Calibration:
@@ -184,7 +204,7 @@ def _print_advice(adv: Advice) -> None:
               f"engine {req.engine}; objective {req.objective.kind}; profile {escape(adv.calibration)}")
     out.print(f"searched {st.enumerated:,} candidates in {adv.seconds:.1f} s ({st.enumerated / adv.seconds:,.0f}/s): "
               f"{st.rejected_rules:,} broke plan's rules, {st.rejected_memory:,} did not fit in memory, "
-              f"{st.same_as_uncapped:,} caps would not bind, {st.kept:,} predicted, {len(adv.points):,} within the "
+              f"{st.same_as_uncapped:,} caps or clock locks would not bind, {st.kept:,} predicted, {len(adv.points):,} within the "
               "limits")
     t = Table(title="top configurations (predicted: estimates)", title_justify="left")
     t.add_column("#", justify="right")
@@ -235,8 +255,10 @@ def _cap(w: float | None) -> str:
     return "default limit" if w is None else f"{w:.0f} W"
 
 
-def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None = None) -> None:
-    """Write or print one --emit target; a placement of #1 goes into its spec (device order, split)."""
+def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None, max_sm_clock_mhz: int | None,
+          say: Console, show_flags: bool = True) -> dict[str, Any]:
+    """Write or print one --emit target; a placement of #1 goes into its spec (device order, split).
+    Returns what was emitted (for --json, where flags are not printed but returned)."""
     from powertrain.advise.emit import emit_flags, emit_spec, emit_sweep
 
     req, first = adv.request, adv.top[0].point.cand
@@ -247,25 +269,31 @@ def _emit(adv: Advice, target: str, placed: tuple[Any, Any] | None = None) -> No
         if target.endswith((".yaml", ".yml")):
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)  # `--emit out/top.yaml` in a fresh folder
-            notes = emit_spec(first, req, path, **extra)
+            notes = emit_spec(first, req, path, max_sm_clock_mhz=max_sm_clock_mhz, **extra)
             sweep = path.with_name(f"{path.stem}-sweep{path.suffix}")
-            emit_sweep([r.point.cand for r in adv.top], req, sweep)
-            out.print(f"wrote {escape(str(path))} (#1) and {escape(str(sweep))} (top {len(adv.top)}, for a "
+            sweep_notes = emit_sweep([r.point.cand for r in adv.top], req, sweep, max_sm_clock_mhz=max_sm_clock_mhz)
+            say.print(f"wrote {escape(str(path))} (#1) and {escape(str(sweep))} (top {len(adv.top)}, for a "
                       f"confirmation: powertrain sweep {escape(str(sweep))})")
             for n in notes:
-                out.print(f"  note: {escape(n)}")
-        else:
+                say.print(f"  note: {escape(n)}")
+            return {"target": target, "spec": str(path), "sweep": str(sweep), "notes": notes,
+                    "sweep_notes": sweep_notes}
+        flags = emit_flags(first, req, target, max_sm_clock_mhz)
+        if show_flags:
             out.print(f"[bold]{escape(target)} flags for #1[/]")
-            out.print(emit_flags(first, req, target), markup=False, highlight=False)
+            out.print(flags, markup=False, highlight=False)
+        return {"target": target, "flags": flags}
     except ValueError as exc:  # names --emit itself
         fail(str(exc))
     except OSError as exc:
         fail(f"--emit {target}: {exc}")
 
 
-def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> tuple[Any, Any] | None:
-    """Print the slot profile and the placement; returns (placed candidate, Placement) or None."""
-    from powertrain.advise.placement import place_stages, placement_gain, predicted_profile, slot_profile
+def _placement(adv: Advice, cal: Calibration, run_dir: Path, doc: dict[str, Any],
+               show: bool = True) -> tuple[Any, Any] | None:
+    """The slot profile and the placement (printed with ``show``, recorded in ``doc`` for --json);
+    returns (placed candidate, Placement) or None."""
+    from powertrain.advise.placement import place_stages, predicted_profile, slot_profile
 
     # the best-ranked configuration with a (non-interleaved) pipeline: placement moves stages, so it needs one
     cands = [p.cand for p in sorted(adv.points, key=lambda p: p.score) if p.cand.case.pp > 1 and p.cand.case.vp == 1][:1]
@@ -276,6 +304,26 @@ def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> tuple[Any,
             prof = slot_profile(run_dir)
     except (OSError, ValueError) as exc:
         fail(f"--placement: {exc}")
+    doc["slot_profile"] = prof.to_dict()
+    if show:
+        _print_profile(prof)
+    if not cands:
+        doc["placement"] = None
+        if show:
+            out.print("placement: no feasible configuration has a (non-interleaved) pipeline; nothing to place")
+        return None
+    cand = cands[0]
+    try:
+        pl = place_stages(cand.case, prof, cal)
+    except ValueError as exc:
+        fail(str(exc))
+    doc["placement"] = {"label": cand.label(), **pl.to_dict()}
+    if show:
+        _print_placed(cand, pl)
+    return cand, pl
+
+
+def _print_profile(prof: Any) -> None:
     t = Table(title=f"per-slot profile of {escape(prof.source)} (busy samples)", title_justify="left")
     for col in ("slot", "samples", "°C mean", "°C p95", "SM MHz", "throttled", "W mean", "util %", "speed"):
         t.add_column(col, justify="right")
@@ -288,34 +336,27 @@ def _print_placement(adv: Advice, cal: Calibration, run_dir: Path) -> tuple[Any,
                   "—" if v is None else f"{v:.3f}")
     out.print(t)
     out.print(f"speed from: {escape(prof.speed_from)}")
-    if not cands:
-        out.print("placement: no feasible configuration has a (non-interleaved) pipeline; nothing to place")
-        return None
-    cand = cands[0]
-    try:
-        pl = place_stages(cand.case, prof, cal)
-    except ValueError as exc:
-        fail(str(exc))
+
+
+def _print_placed(cand: Any, pl: Any) -> None:
+    from powertrain.advise.placement import placement_gain
+
     out.print(f"[bold]placement for {escape(cand.label())}[/]: launch.device_order {pl.device_order}; "
               f"layout.pp_split {pl.pp_split}")
     out.print(f"slowest-stage step (estimate): {pl.step_before_s:.4g} s (even split, rank i on GPU i) → "
               f"{pl.step_after_s:.4g} s ({placement_gain(pl):+.1%}); uniform slots {pl.step_uniform_s:.4g} s")
     for n in pl.notes:
         out.print(f"  note: {escape(n)}")
-    return cand, pl
 
 
-def _print_json(adv: Advice, cal: Calibration, placement: Path | None) -> None:
+def _print_json(adv: Advice, doc: dict[str, Any], emitted: list[dict[str, Any]], html: Path | None) -> None:
     import json
 
     from powertrain.advise import as_dict
 
-    d = as_dict(adv)
-    if placement is not None:
-        from powertrain.advise.placement import slot_profile
-
-        try:
-            d["slot_profile"] = slot_profile(placement).to_dict()
-        except (OSError, ValueError) as exc:
-            fail(f"--placement: {exc}")
+    d = {**as_dict(adv), **doc}
+    if emitted:
+        d["emitted"] = emitted
+    if html is not None:
+        d["html"] = str(html)
     out.print_json(json.dumps(d, default=str))
