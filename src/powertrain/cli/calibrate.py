@@ -19,7 +19,7 @@ def calibrate_cmd(
     runs: Annotated[list[Path], typer.Argument(help="Measured run directories, or sweep folders of them.")],
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the profile to write.")],
     base: Annotated[str, typer.Option("--base", help="Profile to start from.")] = "default",
-    params: Annotated[str | None, typer.Option("--params", help="Comma-separated coefficients to fit (default: GEMM efficiency, per-layer overhead, intra-node link efficiency).")] = None,
+    params: Annotated[str | None, typer.Option("--params", help="Comma-separated coefficients to fit, at most one per run (default: GEMM efficiency, per-layer overhead, intra-node link efficiency; gemm_eff means the one that sets the runs' GEMM rate). One these runs' predictions do not move is refused.")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="Write the profile YAML here instead of the user profile folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing profile of that name (never any other "
                                                         "file).")] = False,
@@ -36,6 +36,10 @@ def calibrate_cmd(
     Every run must have been measured on the device its spec names, and all on the same one (the
     profile's): a CPU stand-in run of an h200 spec, or a mix of devices, is refused with one line.
 
+    --params names at most one coefficient per run, and only ones these runs' predictions depend on: a
+    coefficient no run moves (moe_layer_overhead_s on dense runs; gemm_eff_fp8 on fp8 runs of a known
+    generation, which run at gemm_eff_16 × gemm_lowp_scale) would be fitted to any value, so it is refused.
+
     NAME is a plain name (no path separators, not . or ..); an existing profile is replaced only with
     --force. In a sweep folder, a damaged run is skipped with one line (exit code 1 at the end).
     """
@@ -50,22 +54,35 @@ def calibrate_cmd(
         if not measured:
             raise ValueError("no measured runs found (predictions and failed runs are skipped)")
         _check_devices([Path(m.label) for m in measured], base)
-        cal = fit_calibration(measured, name=name, base=base,
-                              params=[p.strip() for p in params.split(",")] if params else None)
+        cal = fit_calibration(measured, name=name, base=base, params=_param_names(params))
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
     path = save_calibration(cal, path)
     e = cal.error
-    out.print(f"fitted {', '.join(e['fitted'])} on {e['n_runs']} runs: step-time MAPE "
+    out.print(f"fitted {', '.join(e['fitted']) or 'no step-time coefficient'} on {e['n_runs']} runs: step-time MAPE "
               f"{e['step_time_mape_before']:.1%} → {e['step_time_mape']:.1%}")
     for label, rel in e["per_run"].items():
         out.print(f"  {rel:+.1%}  {label}")
+    if e.get("fitted_power"):
+        out.print(f"fitted {', '.join(e['fitted_power'])} on the runs' measured mean device power")
+    for coeff, why in e.get("not_fitted", {}).items():
+        out.print(f"not fitted: {coeff} ({why}); it keeps the base profile's value")
     for rec in cal.host_probes:  # what the CPU coefficients are relative to; predictions reuse it
         out.print(f"host probe kept for {rec['threads']}-thread ranks: fp32 matmul {rec['matmul_flops'] / 1e9:.1f} GFLOP/s, "
                   f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
     out.print(f"profile {cal.name!r} written to {path}")
     skipped_exit(damaged)
+
+
+def _param_names(params: str | None) -> list[str] | None:
+    """``--params`` as coefficient names (a trailing comma is no name); None when not given."""
+    if params is None:
+        return None
+    names = [p.strip() for p in params.split(",") if p.strip()]
+    if not names:
+        raise ValueError("--params names no coefficient; name some (e.g. gemm_eff,layer_overhead_s) or leave it out")
+    return names
 
 
 def measured_device(run_dir: Path) -> tuple[str, str]:

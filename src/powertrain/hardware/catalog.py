@@ -13,6 +13,7 @@ Conventions: FLOP/s are dense (no structured sparsity); bandwidths are per devic
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -116,7 +117,69 @@ class DeviceSpec:
         raise KeyError(f"device {self.name} has no peak FLOP/s for {precision} (or fp32)")
 
 
+# Every key an entry may carry, per level. A key outside them is a typo or a knob the model lacks, and a
+# typo read as "absent" puts the default in its place (`idle_watts` → idle_w = 10 % of TDP, `slowdown_temp_c`
+# → no throttling) without a word: so it is refused. `note` and `source` document a value; no formula reads them.
+_DOC_KEYS = frozenset({"note", "source"})
+_TOP_KEYS = frozenset({"devices", "thermal"})
+_DEVICE_KEYS = _DOC_KEYS | {"aliases", "vendor", "peak_tflops", "memory_gb", "memory_bw_gb_s", "tdp_w", "idle_w",
+                            "power_at_peak_w", "slowdown_c", "node", "thermal", "cooling", "has_power_sensor",
+                            "transport", "measured"}
+_NODE_KEYS = _DOC_KEYS | {"devices_per_node", "intra_node_bw_gb_s", "intra_node_latency_us", "nic_count",
+                          "nic_gbit_s", "inter_node_latency_us", "nvlink_domain", "nvls", "rail_optimized",
+                          "pod_devices", "oversubscription"}
+_THERMAL_KEYS = _DOC_KEYS | {"inlet_c", "r_c_per_w", "tau_s", "rear_preheat_c_per_kw", "rear_slots_of_8"}
+# keys people write for what the catalog names otherwise, too far in spelling for difflib to find
+_MEANS = {k: "tdp_w, the default power limit" for k in ("power_limit_w", "power_limit", "tdp")}
+
+
+def _check_keys(raw: Any, known: frozenset[str], where: str) -> None:
+    """Refuse (one-line ValueError naming the closest known key) anything but a mapping of ``known`` keys."""
+    import difflib
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping of key: value, not {type(raw).__name__} "
+                         "(see hardware/catalog.yaml)")
+    for key in raw:
+        if key in known:
+            continue
+        near = [_MEANS[key]] if key in _MEANS else difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(sorted(known))}"
+        raise ValueError(f"{where}: unknown key {key!r} ({hint})")
+
+
+def _peaks(raw: Any, where: str) -> dict[str, float]:
+    """``peak_tflops`` as precision → FLOP/s (a null value: the device lacks the format).
+
+    Precisions are read case-insensitively (data sheets write BF16); any other name would never be
+    looked up, so its work would silently run at the fp32 fallback: refused."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: peak_tflops must map precisions ({', '.join(PRECISIONS)}) to dense TFLOP/s")
+    out: dict[str, float] = {}
+    seen: dict[str, Any] = {}
+    for key, value in raw.items():
+        prec = str(key).strip().lower()
+        if prec not in PRECISIONS:
+            raise ValueError(f"{where}: peak_tflops {key!r} is not a precision the model computes in; "
+                             f"use {', '.join(PRECISIONS)} or drop it")
+        if prec in seen:
+            raise ValueError(f"{where}: peak_tflops gives {prec} twice ({seen[prec]!r} and {key!r}); keep one")
+        seen[prec] = key
+        if value is None:
+            continue
+        try:
+            tflops = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            tflops = math.nan
+        if not (math.isfinite(tflops) and tflops >= 0):
+            raise ValueError(f"{where}: peak_tflops {key!r} = {value!r} is not a number of TFLOP/s "
+                             "(null: the device lacks the format)")
+        out[prec] = tflops * 1e12
+    return out
+
+
 def _node(raw: dict[str, Any], where: str) -> NodeSpec:
+    _check_keys(raw, _NODE_KEYS, where)
     try:
         dpn = int(raw["devices_per_node"])
         return NodeSpec(
@@ -137,7 +200,11 @@ def _node(raw: dict[str, Any], where: str) -> NodeSpec:
         raise ValueError(f"{where}: node entry lacks {exc.args[0]!r} (see hardware/catalog.yaml for the keys)") from None
 
 
-def _thermal(raw: dict[str, Any]) -> ThermalSpec:
+def _thermal(raw: dict[str, Any], where: str) -> ThermalSpec:
+    _check_keys(raw, _THERMAL_KEYS, where)
+    missing = [k for k in ("inlet_c", "r_c_per_w", "tau_s") if k not in raw]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)} (see the thermal entries of hardware/catalog.yaml)")
     return ThermalSpec(
         inlet_c=float(raw["inlet_c"]), r_c_per_w=float(raw["r_c_per_w"]), tau_s=float(raw["tau_s"]),
         rear_preheat_c_per_kw=float(raw.get("rear_preheat_c_per_kw", 0.0)),
@@ -146,13 +213,18 @@ def _thermal(raw: dict[str, Any]) -> ThermalSpec:
 
 
 def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], where: str) -> DeviceSpec:
+    at = f"{where}: device {name!r}"
+    _check_keys(raw, _DEVICE_KEYS, at)
     required = ("peak_tflops", "memory_gb", "memory_bw_gb_s", "tdp_w", "node")
     missing = [k for k in required if k not in raw]
     if missing:
         raise ValueError(f"{where}: device {name!r} lacks {', '.join(missing)} (see hardware/catalog.yaml)")
-    peaks = {k: float(v) * 1e12 for k, v in raw["peak_tflops"].items() if v is not None}
+    peaks = _peaks(raw["peak_tflops"], at)
     cooling = str(raw.get("cooling", "air"))
     th = raw.get("thermal")
+    if not th and cooling not in thermal:  # else its thermal model would silently be air's
+        raise ValueError(f"{at}: cooling {cooling!r} has no thermal entry (known: {', '.join(sorted(thermal))}); "
+                         "add one under the file's `thermal:` or give the device its own `thermal:`")
     return DeviceSpec(
         name=name,
         vendor=str(raw.get("vendor", "unknown")),
@@ -165,8 +237,8 @@ def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], whe
         idle_w=float(raw.get("idle_w", 0.1 * float(raw["tdp_w"]))),
         power_at_peak_w=float(raw.get("power_at_peak_w", raw["tdp_w"])),
         slowdown_c=float(raw["slowdown_c"]) if raw.get("slowdown_c") is not None else None,
-        node=_node(raw["node"], f"{where}: {name}"),
-        thermal=_thermal(th) if th else thermal.get(cooling, thermal["air"]),
+        node=_node(raw["node"], f"{at} node"),
+        thermal=_thermal(th, f"{at} thermal") if th else thermal[cooling],
         cooling=cooling,
         source=str(raw.get("source", "")),
         note=str(raw.get("note", "")),
@@ -195,6 +267,9 @@ def _read(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"hardware file {path} does not exist") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("devices", {}), dict):
         raise ValueError(f"{path}: expected a mapping with a `devices:` mapping (see hardware/catalog.yaml)")
+    _check_keys(raw, _TOP_KEYS, str(path))
+    if not isinstance(raw.get("thermal", {}), dict):
+        raise ValueError(f"{path}: `thermal:` must map a cooling name to its entry (see hardware/catalog.yaml)")
     return raw
 
 
@@ -205,11 +280,11 @@ def load_catalog(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[
     paths += [Path(p) for p in env.split(":") if p]
     paths += [Path(p) for p in extra]
     base = _read(CATALOG_FILE)
-    thermal = {k: _thermal(v) for k, v in base.get("thermal", {}).items()}
+    thermal = {k: _thermal(v, f"{CATALOG_FILE}: thermal {k!r}") for k, v in base.get("thermal", {}).items()}
     out: dict[str, DeviceSpec] = {}
     for path in paths:
         raw = _read(path)
-        thermal.update({k: _thermal(v) for k, v in raw.get("thermal", {}).items()})
+        thermal.update({k: _thermal(v, f"{path}: thermal {k!r}") for k, v in raw.get("thermal", {}).items()})
         for name, dev in raw.get("devices", {}).items():
             out[str(name)] = _device(str(name), dev, thermal, str(path))
     return out

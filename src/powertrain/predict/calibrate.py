@@ -13,7 +13,8 @@ fitted calibration keeps the probes (median per rank thread count) so prediction
 
 The fit minimises the mean absolute log error of step time (and of mean power for the power
 coefficients, where measured) over a handful of named coefficients by Nelder–Mead in log space,
-so every coefficient stays positive. Fewer coefficients than runs, always.
+so every coefficient stays positive. Never more coefficients than runs, and none that no run's
+prediction moves (its fitted value would be arbitrary, and every later prediction would use it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from powertrain.hardware import HostProbe, is_cpu_name, probe_host, rank_threads
-from powertrain.predict.calibration import COEFFICIENT_NAMES, Calibration, load_calibration
+from powertrain.predict.calibration import COEFFICIENT_NAMES, VALID_RANGES, Calibration, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.core import predict
 
@@ -39,12 +40,17 @@ STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
 # drove it to its lower bound on the README's three runs, the GEMM term absorbing it)
 STEP_PARAMS_CPU = ("gemm_eff", "comm_latency_scale")
 POWER_PARAMS = ("power_compute", "power_wait")
+# what the power fit moves (against measured mean device power); every other coefficient is fitted on step time
+POWER_COEFFICIENTS = tuple(n for n in COEFFICIENT_NAMES if n.startswith("power_"))
 # Plausible ranges the fit may not leave (GEMM efficiency is relative to the catalog or probe peak,
 # which on a busy CPU can read low, hence > 1 allowed).
 BOUNDS = {"gemm_eff_fp32": (0.01, 4.0), "gemm_eff_16": (0.01, 4.0), "gemm_eff_fp8": (0.01, 4.0),
           "gemm_eff_fp4": (0.01, 4.0), "layer_overhead_s": (1e-7, 1.0), "comm_latency_scale": (0.01, 1e5),
           "comm_eff_intra": (0.01, 1.5), "comm_eff_inter": (0.01, 1.5), "power_compute": (0.05, 1.2),
           "power_wait": (0.0, 1.0)}
+# How far from its start the fit looks (a step either way, and its coarse grid's e^3 start): a coefficient
+# that moves no prediction at any of these is one the fit cannot see, and its fitted value would be arbitrary.
+_PROBE_FACTORS = (1.1, 1 / 1.1, math.exp(3.0))
 
 
 def _unrecorded(probe: HostProbe) -> HostProbe:
@@ -52,8 +58,14 @@ def _unrecorded(probe: HostProbe) -> HostProbe:
     return replace(probe, source=f"{probe.source}: the run recorded none")
 
 
+def _bounds(name: str) -> tuple[float, float]:
+    """The fit's range for ``name``: its plausible range, else where it means something at all (a value
+    outside that would make a profile that no longer loads)."""
+    return BOUNDS.get(name) or VALID_RANGES[name][:2]
+
+
 def _clamp(name: str, value: float) -> float:
-    lo, hi = BOUNDS.get(name, (0.0, math.inf))
+    lo, hi = _bounds(name)
     return min(hi, max(lo, value))
 
 
@@ -67,10 +79,85 @@ class MeasuredRun:
     power_mean_w: float | None = None
 
 
-def _gemm_key(case: Case) -> str:
-    p = case.precision
-    return {"fp32": "gemm_eff_fp32", "tf32": "gemm_eff_fp32", "fp8": "gemm_eff_fp8", "fp4": "gemm_eff_fp4"}.get(
-        p, "gemm_eff_16")
+def _gemm_key(run: MeasuredRun, cal: Calibration) -> str:
+    """The GEMM-efficiency coefficient that sets ``run``'s GEMM rate, the one ``gemm_eff`` means.
+
+    Not always the run precision's own: fp8/fp4 on a generation the model knows run at gemm_eff_16 × the
+    literature ratio × gemm_lowp_scale, and fp8 on a device without fp8 units at the 16-bit efficiency
+    (``compute_rates`` in predict/steptime.py). Asking the prediction which one moves keeps this in step
+    with those rules instead of restating them."""
+    own = {"fp32": "gemm_eff_fp32", "tf32": "gemm_eff_fp32", "fp8": "gemm_eff_fp8", "fp4": "gemm_eff_fp4"}.get(
+        run.case.precision, "gemm_eff_16")
+    for key in dict.fromkeys((own, "gemm_lowp_scale", "gemm_eff_16")):
+        if _moves(key, [run], cal, "step_time_mean_s"):
+            return key
+    return own
+
+
+def _moves(name: str, runs: Sequence[MeasuredRun], cal: Calibration, metric: str) -> bool:
+    """Whether moving coefficient ``name`` as far as the fit looks changes ``metric`` of any of ``runs``."""
+    v0 = getattr(cal.coefficients, name)
+    before = [predict(r.case, cal).metrics.get(metric) for r in runs]
+    for f in _PROBE_FACTORS:
+        v = _clamp(name, v0 * f)
+        if v == v0:
+            continue
+        moved = cal.with_coefficients(**{name: v})
+        for r, b in zip(runs, before, strict=True):
+            a = predict(r.case, moved).metrics.get(metric)
+            if a is None or b is None:
+                if a is not b:
+                    return True
+            elif not math.isclose(a, b, rel_tol=1e-9):  # rounding is no dependence
+                return True
+    return False
+
+
+def _why_unseen(name: str, runs: Sequence[MeasuredRun], cal: Calibration) -> tuple[str, str]:
+    """(why moving ``name`` changes none of these runs' step times, as specifically as the runs tell; the fix)."""
+    cases = [r.case for r in runs]
+    if name in ("moe_layer_overhead_s", "moe_imbalance", "grouped_gemm_eff") and not any(c.is_moe for c in cases):
+        return "no run here is MoE", "drop it"
+    if name in ("gemm_eff_fp8", "gemm_eff_fp4"):
+        prec = name.removeprefix("gemm_eff_")
+        own = [r for r in runs if r.case.precision == prec]
+        if not own:
+            return f"no run here is {prec}", "drop it"
+        key = _gemm_key(own[0], cal)
+        return (f"the {prec} runs here ({own[0].case.device.name}) take their GEMM rate from {key}, not from it",
+                f"fit {key} (or gemm_eff) instead")
+    if name == "gemm_eff_fp32" and not any(c.precision in ("fp32", "tf32") for c in cases):
+        return "no run here is fp32 or tf32", "drop it"
+    if name == "gemm_lowp_scale" and not any(c.precision in ("fp8", "fp4") for c in cases):
+        return "no run here is fp8 or fp4", "drop it"
+    if name in ("host_w_per_node", "psu_efficiency"):
+        return "it sets node power at the wall, which no measured run here carries", "drop it"
+    if name in ("mem_overhead_bytes", "mem_fragmentation"):
+        return "it sets predicted memory, not step time", "drop it"
+    if name == "comm_eff_inter" and all(c.nodes <= 1 for c in cases):
+        return "no run here spans nodes", "drop it"
+    if name.startswith(("comm_", "overlap_", "tp_overlap")) and all(c.world <= 1 for c in cases):
+        return "no run here is distributed", "drop it"
+    return "moving it by 10 % either way, or 20× up, changes no run's predicted step time", "drop it"
+
+
+def _unseen(names: Sequence[str], runs: Sequence[MeasuredRun], cal: Calibration) -> dict[str, tuple[str, str]]:
+    """``{name: (why, fix)}`` for each of ``names`` the fit cannot see on ``runs``: a step-time coefficient
+    that moves no run's step time, a power coefficient that moves no measured run's mean device power."""
+    powered = [r for r in runs if r.power_mean_w]
+    out: dict[str, tuple[str, str]] = {}
+    for name in names:
+        if getattr(cal.coefficients, name) <= 0:
+            out[name] = ("it is 0 in the base profile, and a fit in log space cannot move it from there",
+                         "start from a profile where it is positive, or drop it")
+        elif name in POWER_COEFFICIENTS:
+            if not powered:
+                out[name] = ("no run here has measured power", "drop it")
+            elif not _moves(name, powered, cal, "power_mean_w"):
+                out[name] = ("moving it changes no measured run's predicted mean device power", "drop it")
+        elif not _moves(name, runs, cal, "step_time_mean_s"):
+            out[name] = _why_unseen(name, runs, cal)
+    return out
 
 
 def read_measured_run(path: str | Path) -> MeasuredRun:
@@ -202,24 +289,83 @@ def interval_half_width(log_residuals: Sequence[float], level: float = 0.8) -> f
 
 def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | str | None = None,
                     params: Sequence[str] | None = None, *, allow_pinned: bool = False) -> Calibration:
-    """Fit ``params`` (default: GEMM efficiency of the runs' precision, per-layer overhead, and, when
-    any run is distributed, the intra-node link efficiency — or, for ranks sharing a host CPU, GEMM
-    efficiency and the collective latency scale only) to ``runs``; returns the new calibration with
-    its fit error (``error.step_time_mape`` before and after, per run)."""
+    """Fit ``params`` to ``runs``; returns the new calibration with its fit error (``error.step_time_mape``
+    before and after, per run).
+
+    ``gemm_eff`` stands for the GEMM efficiency that sets the first run's GEMM rate (:func:`_gemm_key`).
+    Step-time coefficients are fitted on step time, ``power_*`` ones on measured mean device power.
+    Named ``params`` are refused (ValueError, one line) when unknown, repeated, more than the runs
+    that measure them, or invisible to the fit: moving one changes none of these runs' predictions, so
+    any value would fit. The default — GEMM efficiency and per-layer overhead, plus the intra-node link
+    efficiency when any run is distributed (for ranks sharing a host CPU: GEMM efficiency and the
+    collective latency scale) — leaves out what the runs cannot see (``error.not_fitted`` says why) and
+    takes no more than there are runs; power_compute and power_wait are fitted where power was measured
+    and ``params`` names no power coefficient."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
     cal = base if isinstance(base, Calibration) else load_calibration(base)
     multi = any(r.case.world > 1 for r in runs)
     cpu = all(r.case.device.transport == "gloo" for r in runs)
-    chosen = list(params or (STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI))
-    chosen = [_gemm_key(runs[0].case) if p == "gemm_eff" else p for p in chosen]
+    powered = [r for r in runs if r.power_mean_w]
+    named = bool(params)
+    given = list(params) if params else list(STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI)
+    gemm = _gemm_key(runs[0], cal) if "gemm_eff" in given else ""
+    chosen = [gemm if p == "gemm_eff" else p for p in given]
     unknown = [p for p in chosen if p not in COEFFICIENT_NAMES]
     if unknown:
         raise ValueError(f"unknown coefficients {unknown}; known: {', '.join(COEFFICIENT_NAMES)}")
-    if len(chosen) > len(runs):
-        chosen = chosen[: len(runs)]
-    x0 = np.log([getattr(cal.coefficients, p) for p in chosen])
+    repeated = sorted({p for p in chosen if chosen.count(p) > 1})
+    if repeated:
+        also = f" (gemm_eff means {gemm} for these runs)" if gemm in repeated else ""
+        raise ValueError(f"--params names {', '.join(repeated)} more than once{also}; name each coefficient once")
+    step = [p for p in chosen if p not in POWER_COEFFICIENTS]
+    power = [p for p in chosen if p in POWER_COEFFICIENTS]
+    not_fitted: dict[str, str] = {}
+    if named:
+        for what, names, n in (("", step, len(runs)), (" with measured power", power, len(powered))):
+            if n and len(names) > n:
+                raise ValueError(f"--params names {len(names)} coefficients ({', '.join(names)}) for {n} run(s){what}; "
+                                 f"a fit needs at least one run per coefficient: name at most {n} or add runs")
+        unseen = _unseen(chosen, runs, cal)
+        if unseen:
+            raise ValueError("; ".join(f"--params {k}: {why}, so the fit cannot see it; {fix}"
+                                       for k, (why, fix) in unseen.items()))
+    else:
+        not_fitted = {k: why for k, (why, _) in _unseen(step, runs, cal).items()}
+        step = [p for p in step if p not in not_fitted]
+        if not step:
+            raise ValueError(f"these runs constrain none of the default coefficients "
+                             f"({'; '.join(f'{k}: {why}' for k, why in not_fitted.items())}); name some with --params")
+        not_fitted.update({p: f"only {len(runs)} run(s), one per coefficient" for p in step[len(runs):]})
+        step = step[: len(runs)]
+    if not power and powered:
+        power = list(POWER_PARAMS)
     before = errors(runs, cal)
+    fitted = _fit_step(runs, cal, step) if step else cal
+    after = errors(runs, fitted)
+    if power and powered:
+        fitted = _fit_power(runs, fitted, power)
+    pins = pinned_at_bounds({k: getattr(fitted.coefficients, k) for k in step}, {k: _bounds(k) for k in step})
+    if pins and not allow_pinned:
+        raise ValueError(f"calibration {name!r}: {'; '.join(pins)} — the fit ran into the edge of the physical range, "
+                         "so the model does not describe these runs there; fit fewer coefficients (--params) or "
+                         "add runs that vary what it stands for")
+    error: dict[str, Any] = {
+        "step_time_mape": mape(after), "step_time_mape_before": mape(before), "n_runs": len(runs),
+        "fitted": step, "per_run": {r.label: round(e, 4) for r, e in zip(runs, after, strict=True)},
+        "pinned_at_bound": pins,
+    }
+    if power and powered:
+        error["fitted_power"] = power
+    if not_fitted:
+        error["not_fitted"] = not_fitted
+    return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
+                   device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+
+
+def _fit_step(runs: Sequence[MeasuredRun], cal: Calibration, chosen: list[str]) -> Calibration:
+    """``cal`` with ``chosen`` fitted to the runs' step times (mean |log ratio|, within bounds)."""
+    x0 = np.log([getattr(cal.coefficients, p) for p in chosen])
 
     def make(x: np.ndarray) -> Calibration:
         return cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(chosen, x, strict=True)})
@@ -235,22 +381,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     starts = [x0 + np.array(offs) for offs in itertools.product((0.0, 3.0), repeat=len(chosen))]
     results = [_nelder_mead(objective, x, iters=120, step=1.0) for x in starts]
     best = _nelder_mead(objective, min(results, key=objective), iters=300, step=0.2)
-    fitted = make(best)
-    after = errors(runs, fitted)
-    if any(r.power_mean_w for r in runs):
-        fitted = _fit_power(runs, fitted)
-    pins = pinned_at_bounds({k: getattr(fitted.coefficients, k) for k in chosen}, BOUNDS)
-    if pins and not allow_pinned:
-        raise ValueError(f"calibration {name!r}: {'; '.join(pins)} — the fit ran into the edge of the physical range, "
-                         "so the model does not describe these runs there; fit fewer coefficients (--params) or "
-                         "add runs that vary what it stands for")
-    error: dict[str, Any] = {
-        "step_time_mape": mape(after), "step_time_mape_before": mape(before), "n_runs": len(runs),
-        "fitted": chosen, "per_run": {r.label: round(e, 4) for r, e in zip(runs, after, strict=True)},
-        "pinned_at_bound": pins,
-    }
-    return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
-                   device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+    return make(best)
 
 
 def fitted_probes(runs: Sequence[MeasuredRun]) -> list[dict[str, Any]]:
@@ -274,12 +405,12 @@ def fitted_probes(runs: Sequence[MeasuredRun]) -> list[dict[str, Any]]:
     return out
 
 
-def _fit_power(runs: Sequence[MeasuredRun], cal: Calibration) -> Calibration:
+def _fit_power(runs: Sequence[MeasuredRun], cal: Calibration, params: Sequence[str] = POWER_PARAMS) -> Calibration:
     with_power = [r for r in runs if r.power_mean_w]
-    x0 = np.log([getattr(cal.coefficients, p) for p in POWER_PARAMS])
+    x0 = np.log([getattr(cal.coefficients, p) for p in params])
 
     def objective(x: np.ndarray) -> float:
-        p = cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, x, strict=True)})
+        p = cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(params, x, strict=True)})
         out = []
         for r in with_power:
             pw = predict(r.case, p).metrics["power_mean_w"]
@@ -287,4 +418,4 @@ def _fit_power(runs: Sequence[MeasuredRun], cal: Calibration) -> Calibration:
         return float(np.mean(out))
 
     best = _nelder_mead(objective, x0, iters=200)
-    return cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(POWER_PARAMS, best, strict=True)})
+    return cal.with_coefficients(**{k: _clamp(k, float(math.exp(v))) for k, v in zip(params, best, strict=True)})
