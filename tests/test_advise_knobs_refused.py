@@ -163,9 +163,13 @@ def test_without_the_maximum_clock_the_note_names_an_option_advise_has():
 
 
 def test_cli_refuses_a_lock_that_would_be_emitted_without_its_clock(tmp_path):
-    res = CliRunner().invoke(app, [*CLI_SMALL, "--clock-locks", "0.6", "--emit", str(tmp_path / "top.yaml")])
+    b200 = [*CLI_SMALL[:4], "b200", *CLI_SMALL[5:]]  # the catalog has no maximum SM clock for it
+    res = CliRunner().invoke(app, [*b200, "--clock-locks", "0.6", "--emit", str(tmp_path / "top.yaml")])
     assert res.exit_code == 2 and "give --max-sm-clock-mhz" in res.stderr
     assert not (tmp_path / "top.yaml").exists()
+    # where the catalog knows it (h100: 1980 MHz) the lock is written from it
+    res = CliRunner().invoke(app, [*CLI_SMALL, "--clock-locks", "0.6", "-O", "energy", "--emit", str(tmp_path / "top.yaml")])
+    assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, [*CLI_SMALL, "--max-sm-clock-mhz", "1980", "--emit", str(tmp_path / "top.yaml")])
     assert res.exit_code == 2 and "--max-sm-clock-mhz converts --clock-locks fractions" in res.stderr
     res = CliRunner().invoke(app, [*CLI_SMALL, "--clock-locks", "0.6", "--max-sm-clock-mhz", "1980"])

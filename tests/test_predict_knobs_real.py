@@ -45,9 +45,9 @@ def test_a_larger_ddp_bucket_leaves_more_of_the_gradient_reduction_exposed() -> 
     assert step_time(small, c).breakdown["dp_comm_exposed_s"] < step_time(whole, c).breakdown["dp_comm_exposed_s"]
 
 
-def _spec(**knobs: object) -> RunConfig:
+def _spec(device: str = "h100-sxm", **knobs: object) -> RunConfig:
     return RunConfig.model_validate({
-        "name": "k", "model": "llama3-8b", "hardware": {"device": "h100-sxm", "nodes": 2, "devices_per_node": 8},
+        "name": "k", "model": "llama3-8b", "hardware": {"device": device, "nodes": 2, "devices_per_node": 8},
         "layout": {"fsdp": True}, "knobs": {"micro_batch": 1, "global_batch": 64, **knobs}})
 
 
@@ -61,10 +61,24 @@ def test_a_run_specs_fsdp_and_bucket_knobs_reach_the_prediction() -> None:
     assert case_from_run_config(_spec(overlap={"ddp_bucket_mb": 100.0})).dp_bucket_params == 100 * 2**20 / 4
 
 
-@pytest.mark.parametrize("knob", [{"sm_clock_mhz": [1200, 1200]}, {"mem_clock_mhz": 1593}])
-def test_a_clock_lock_is_refused_by_predict_not_predicted_at_full_clocks(knob: dict) -> None:
-    with pytest.raises(ValueError, match=r"predict models power limits, not clock locks; drop it or use knobs\.power_limit_w"):
-        predict(_spec(**knob))
+def test_an_sm_clock_lock_slows_compute_and_lowers_power_by_the_devices_clock_range() -> None:
+    free = predict(_spec())
+    locked = predict(_spec(sm_clock_mhz=[1200, 1200]))  # h100-sxm tops at 1980 MHz: 61 % of its clock
+    assert locked.metrics["step_time_mean_s"] > free.metrics["step_time_mean_s"] * 1.2
+    assert locked.metrics["power_mean_w"] < free.metrics["power_mean_w"] * 0.8
+    # a lock at or above the maximum, or a range whose top is the maximum, changes nothing
+    assert predict(_spec(sm_clock_mhz=[900, 1980])).metrics == free.metrics
+    # under a power limit that already holds the clock lower, a higher lock changes nothing either
+    capped = predict(_spec(power_limit_w=300))
+    assert predict(_spec(power_limit_w=300, sm_clock_mhz=[1900, 1900])).metrics == capped.metrics
+
+
+def test_a_lock_the_catalog_cannot_turn_into_a_ratio_and_a_memory_clock_lock_are_refused() -> None:
+    spec = _spec("b200", sm_clock_mhz=[1500, 1500])  # no max_sm_clock_mhz in the catalog
+    with pytest.raises(ValueError, match=r"knobs\.sm_clock_mhz: the catalog does not know b200's maximum SM clock.*max_sm_clock_mhz"):
+        predict(spec)
+    with pytest.raises(ValueError, match=r"knobs\.mem_clock_mhz: predict models SM clock locks and power limits"):
+        predict(_spec(mem_clock_mhz=1593))
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [

@@ -74,7 +74,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                   "Repeatable.")] = None,
     max_sm_clock_mhz: Annotated[int | None, typer.Option("--max-sm-clock-mhz", min=1, max=100_000, help=(
         "The GPUs' maximum SM clock (MHz; nvidia-smi -q -d CLOCK, Max Clocks), so --emit writes an advised "
-        "--clock-locks fraction as knobs.sm_clock_mhz."))] = None,
+        "--clock-locks fraction as knobs.sm_clock_mhz (default: the catalog's, where it has one)."))] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Folder for the advice report (report.html, figures/, advice.json).")] = None,
     placement: Annotated[Path | None, typer.Option("--placement", help="Measured or imported run directory "
                                                                        "(per-slot profile → stage placement), or "
@@ -114,7 +114,9 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
             max_vp=max_vp)
     except ValueError as exc:
         fail(str(exc))
-    _check_clock_emit(req.clock_locks, emit or [], max_sm_clock_mhz)
+    _check_clock_emit(req.clock_locks, emit or [], max_sm_clock_mhz, req.device.max_sm_clock_mhz)
+    if max_sm_clock_mhz is None and req.device.max_sm_clock_mhz is not None:
+        max_sm_clock_mhz = int(req.device.max_sm_clock_mhz)  # the catalog's, when the user gives none
     cal = _calibration(profile)
     adv = _search(req, cal, top, quiet=as_json, anchors=not no_anchors)
     # with --json stdout holds the one JSON object only: what the text mode prints goes into it or to stderr
@@ -134,16 +136,18 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
         _print_json(adv, doc, emitted, html)
 
 
-def _check_clock_emit(locks: tuple[float, ...], emit: list[str], max_mhz: int | None) -> None:
-    """--max-sm-clock-mhz is read only to write a clock lock out; a spec written without it would drop the
-    lock, so a spec target with --clock-locks needs it."""
+def _check_clock_emit(locks: tuple[float, ...], emit: list[str], max_mhz: int | None,
+                      catalog_mhz: float | None = None) -> None:
+    """--max-sm-clock-mhz is read only to write a clock lock out; a spec written without it (or the catalog's
+    maximum for the device) would drop the lock, so a spec target with --clock-locks needs one."""
     if max_mhz is not None and not locks:
         fail("--max-sm-clock-mhz converts --clock-locks fractions to MHz: add --clock-locks or drop it")
     if max_mhz is not None and not emit:
         fail("--max-sm-clock-mhz is read by --emit (it writes the advised clock lock): add --emit FILE.yaml or drop it")
-    if locks and max_mhz is None and any(t.endswith((".yaml", ".yml")) for t in emit):
-        fail("--emit FILE.yaml with --clock-locks: give --max-sm-clock-mhz MHZ (the GPUs' maximum SM clock, "
-             "nvidia-smi -q -d CLOCK) so an advised lock is written as knobs.sm_clock_mhz")
+    if locks and max_mhz is None and catalog_mhz is None and any(t.endswith((".yaml", ".yml")) for t in emit):
+        fail("--emit FILE.yaml with --clock-locks: the catalog does not know this GPU's maximum SM clock; give "
+             "--max-sm-clock-mhz MHZ (nvidia-smi -q -d CLOCK, Max Clocks) so an advised lock is written as "
+             "knobs.sm_clock_mhz")
 
 
 def _calibration(profile: str) -> Calibration:

@@ -99,6 +99,9 @@ class DeviceSpec:
     transport: str = "nccl"
     aliases: tuple[str, ...] = field(default=())
     probe: HostProbe | None = None  # the host probe a measured (CPU) device was built from
+    # the highest SM (graphics) clock the device runs at (nvidia-smi's "Max Clocks", AMD's peak engine clock):
+    # what turns a clock lock in MHz into a clock ratio; None: not known, a lock cannot be predicted
+    max_sm_clock_mhz: float | None = None
 
     @property
     def is_host_cpu(self) -> bool:
@@ -124,7 +127,7 @@ _DOC_KEYS = frozenset({"note", "source"})
 _TOP_KEYS = frozenset({"devices", "thermal"})
 _DEVICE_KEYS = _DOC_KEYS | {"aliases", "vendor", "peak_tflops", "memory_gb", "memory_bw_gb_s", "tdp_w", "idle_w",
                             "power_at_peak_w", "slowdown_c", "node", "thermal", "cooling", "has_power_sensor",
-                            "transport", "measured"}
+                            "transport", "measured", "max_sm_clock_mhz"}
 _NODE_KEYS = _DOC_KEYS | {"devices_per_node", "intra_node_bw_gb_s", "intra_node_latency_us", "nic_count",
                           "nic_gbit_s", "inter_node_latency_us", "nvlink_domain", "nvls", "rail_optimized",
                           "pod_devices", "oversubscription"}
@@ -244,7 +247,16 @@ def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], whe
         note=str(raw.get("note", "")),
         **_sensor_and_transport(raw, f"{where}: device {name!r}"),
         aliases=tuple(str(a) for a in raw.get("aliases", ())),
+        max_sm_clock_mhz=_positive(raw.get("max_sm_clock_mhz"), f"{at}: max_sm_clock_mhz"),
     )
+
+
+def _positive(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{where} must be a positive number (MHz), not {value!r}")
+    return float(value)
 
 
 def _sensor_and_transport(raw: dict[str, Any], where: str) -> dict[str, Any]:

@@ -102,6 +102,7 @@ class Case:
     # own NIC share (no striping over the node's NICs); prefetched like FSDP; gradients reduced in 16 bits
     fsdp_per_param: bool = False
     power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None  # the SM clock lock's upper bound (the clock under load); None: unlocked
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
     moe_imbalance: float | None = None  # None: the calibration's default
@@ -238,6 +239,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         precision=k.precision, recipe=k.fp8_recipe or "", overlap_tp=ov.async_tp, overlap_dp=ov.grad_reduce_in_backward,
         overlap_fsdp=ov.fsdp_prefetch, fsdp_reshard=ov.fsdp_reshard_after_forward,
         dp_bucket_params=ov.ddp_bucket_mb * 2**20 / _DDP_GRAD_BYTES, power_limit_w=k.power_limit_w,
+        sm_clock_mhz=float(k.sm_clock_mhz[1]) if k.sm_clock_mhz else None,
         measured_steps=cfg.protocol.measured_steps,
         device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
     )

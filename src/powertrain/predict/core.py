@@ -105,14 +105,27 @@ def _as_case(cfg: Any, cal: Calibration) -> Case:
     broken = layout_violations(cfg)
     if broken:
         raise ValueError("; ".join(str(v) for v in broken))
-    # the model lowers clocks under a power limit; a lock in MHz needs each device's clock range, which the
-    # catalog does not hold: refused rather than predicted at full clocks
-    locks = [f"knobs.{n}" for n in ("sm_clock_mhz", "mem_clock_mhz") if getattr(cfg.knobs, n, None) is not None]
-    if locks:
-        raise ValueError(f"{' and '.join(locks)}: predict models power limits, not clock locks; drop "
-                         f"{'them' if len(locks) > 1 else 'it'} or use knobs.power_limit_w")
+    # a memory clock lock would need the device's memory clock range and how bandwidth follows it, which the
+    # catalog does not hold: refused rather than predicted at full memory bandwidth
+    if getattr(cfg.knobs, "mem_clock_mhz", None) is not None:
+        raise ValueError("knobs.mem_clock_mhz: predict models SM clock locks and power limits, not memory clock "
+                         "locks; drop it")
     # a CPU RunConfig takes the calibration's host probe (what its coefficients were fitted against)
     return case_from_run_config(cfg, calibration=cal)
+
+
+def sm_clock_ratio(case: Case) -> float:
+    """The clock a lock allows ÷ the device's maximum (1: no lock, or a lock at or above the maximum).
+
+    A locked GPU runs at the lower of the lock and what its power limit allows (the caller takes the min)."""
+    if case.sm_clock_mhz is None:
+        return 1.0
+    top = case.device.max_sm_clock_mhz
+    if top is None:
+        raise ValueError(f"knobs.sm_clock_mhz: the catalog does not know {case.device.name}'s maximum SM clock, so a "
+                         "lock cannot be turned into a clock ratio; add max_sm_clock_mhz to the device in a --hardware "
+                         "catalog, or use knobs.power_limit_w")
+    return min(1.0, case.sm_clock_mhz / top)
 
 
 def predict(cfg: Any, calibration: Calibration | str | None = None) -> Prediction:
@@ -130,7 +143,7 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
     mem_total, mem_bd = memory_per_device(case, c, sh)
     fits = mem_total <= dev.memory_bytes
 
-    clock = clock_factor(dev, c, case.power_limit_w)
+    clock = min(clock_factor(dev, c, case.power_limit_w), sm_clock_ratio(case))
     st = step_time(case, c, clock, sh)
     pw = step_power(dev, c, st, clock)
     dpn = min(case.devices_per_node, world)
