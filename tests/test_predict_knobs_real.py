@@ -108,3 +108,13 @@ def test_a_published_record_that_states_no_sequence_parallelism_is_read_as_state
     unstated = run_from_entry(entry)
     assert unstated.case.sequence_parallel is True
     assert any("sequence parallelism not published" in a for a in unstated.assumptions)
+
+
+def test_min_measured_s_extends_the_predicted_window_as_the_trainer_extends_the_measured_one() -> None:
+    short = predict(_spec())
+    t = short.metrics["step_time_mean_s"]
+    spec = _spec().model_copy(update={"protocol": _spec().protocol.model_copy(update={"min_measured_s": 10 * t + 0.5})})
+    long = predict(spec)
+    steps = long.window["measured_steps"]
+    assert steps == 11 > short.window["measured_steps"]
+    assert long.metrics["energy_j"] == pytest.approx(short.metrics["energy_per_step_j"] * steps)

@@ -14,6 +14,7 @@ one NVLink domain (a node, or 72 GPUs of an NVL72 rack). So TP groups stay insid
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from powertrain.hardware import (
@@ -104,6 +105,7 @@ class Case:
     power_limit_w: float | None = None
     sm_clock_mhz: float | None = None  # the SM clock lock's upper bound (the clock under load); None: unlocked
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
+    min_measured_s: float = 0.0  # the trainer extends the measured window to at least this long
     lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
     moe_imbalance: float | None = None  # None: the calibration's default
     # attention kernel: "fused" (Transformer Engine's cuDNN fused attention, FlashAttention-3 class on
@@ -133,6 +135,13 @@ class Case:
         self.world = self.tp * self.pp * self.dp * self.cp
         self.is_moe = self.experts > 1
         self._domain = max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
+
+    def window_steps(self, step_s: float) -> int:
+        """Steps of the measured window at ``step_s`` per step: measured_steps, and more until min_measured_s
+        has passed (what workload/run_loop.py does)."""
+        if self.min_measured_s > 0 and step_s > 0:
+            return max(self.measured_steps, math.ceil(self.min_measured_s / step_s - 1e-9))
+        return self.measured_steps
 
     @property
     def expert_ffn(self) -> int:
@@ -240,6 +249,6 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         overlap_fsdp=ov.fsdp_prefetch, fsdp_reshard=ov.fsdp_reshard_after_forward,
         dp_bucket_params=ov.ddp_bucket_mb * 2**20 / _DDP_GRAD_BYTES, power_limit_w=k.power_limit_w,
         sm_clock_mhz=float(k.sm_clock_mhz[1]) if k.sm_clock_mhz else None,
-        measured_steps=cfg.protocol.measured_steps,
+        measured_steps=cfg.protocol.measured_steps, min_measured_s=cfg.protocol.min_measured_s,
         device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
     )

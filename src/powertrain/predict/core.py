@@ -63,12 +63,12 @@ class Prediction:
         """The window the predicted time and energy are over: the configuration's measured steps (no
         clock times: nothing ran). One formula: energy per step = mean device power × devices × step
         time; ``energy_j`` = that × measured steps."""
-        steps = self._raw[0].measured_steps if self._raw else None
         t = self.metrics.get("step_time_mean_s")
+        steps = self._raw[0].window_steps(t) if self._raw and t is not None else None
         seconds = t * steps if t is not None and steps else None
         return {"t0_ns": None, "t1_ns": None, "seconds": seconds, "measured_steps": steps,
-                "source": f"predicted: {steps} measured step(s) of the configuration (estimate; energy = mean "
-                          "device power × devices × step time, per step)"}
+                "source": f"predicted: {steps} measured step(s) of the configuration, protocol.min_measured_s "
+                          "included (estimate; energy = mean device power × devices × step time, per step)"}
 
 
 def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock: float, thermal_clock: float,
@@ -180,10 +180,10 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
         metrics.update(
             power_mean_w=mean_w, power_peak_w=max(p.peak_w for p in powers),
             power_swing_w=max(p.peak_w for p in powers) - min(p.low_w for p in powers),
-            energy_per_step_j=energy, energy_j=energy * case.measured_steps,
+            energy_per_step_j=energy, energy_j=energy * case.window_steps(t),
             j_per_token=energy / tokens, tokens_per_j=tokens / energy,
             # the study's metric, over the measured window as the analysis computes it for runs
-            samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.measured_steps / 1e6),
+            samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.window_steps(t) / 1e6),
             temp_mean_c=sum(s.steady_c * len(s.slots) for s in slots) / dpn, temp_peak_c=hottest.peak_c,
             hottest_slot=f"gpu{hottest.slot}",
             throttle_share=sum(len(s.slots) for s in slots if s.throttled) / dpn,
