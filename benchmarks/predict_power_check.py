@@ -126,7 +126,7 @@ def wilkins_check(logs: Path, profile: str) -> tuple[float, float, int] | None:
     from powertrain.predict.steptime import step_time
 
     case = Case(layers=36, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, seq_len=2048, dp=8,
-                micro_batch=1, global_batch=16, device=get_device("h100-sxm"), nodes=1, devices_per_node=8)
+                micro_batch=1, global_batch=16, device=get_device("h100-sxm"), devices_per_node=8)
     c = load_calibration(profile).coefficients
     clock = clock_factor(case.device, c, None)
     return measured, step_power(case.device, c, step_time(case, c, clock), clock).mean_w, len(runs)

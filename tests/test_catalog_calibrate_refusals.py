@@ -126,7 +126,7 @@ TRUTH = BASE.with_coefficients(gemm_eff_16=0.6, layer_overhead_s=30e-6)
 
 def _case(device: str = "h100-sxm", **kw: object) -> Case:
     base = Case(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, seq_len=4096, tp=2, pp=1,
-                dp=4, micro_batch=1, global_batch=64, device=get_device(device), nodes=1, devices_per_node=8)
+                dp=4, micro_batch=1, global_batch=64, device=get_device(device), devices_per_node=8)
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -201,7 +201,7 @@ def test_the_default_leaves_out_what_the_runs_cannot_see_and_says_so() -> None:
     solo = replace(h, name="solo", aliases=(), node=replace(h.node, devices_per_node=1, nvlink_domain=1, nic_count=1))
     runs = []
     for i, (mb, seq) in enumerate([(1, 4096), (2, 1024), (4, 512)]):
-        c = replace(_case(), device=solo, tp=1, dp=4, nodes=4, devices_per_node=1, micro_batch=mb, seq_len=seq)
+        c = replace(_case(), device=solo, tp=1, dp=4, devices_per_node=1, micro_batch=mb, seq_len=seq)
         runs.append(MeasuredRun(f"r{i}", c, predict(c, TRUTH).metrics["step_time_mean_s"]))
     fit = fit_calibration(runs, name="x")
     assert fit.error["fitted"] == ["gemm_eff_16", "layer_overhead_s"]

@@ -32,7 +32,7 @@ def test_tied_embeddings_hold_one_vocab_matrix_fewer_in_memory_and_in_the_gradie
 
 def test_fsdp_without_resharding_keeps_the_layers_gathered_and_skips_the_backward_gather() -> None:
     c = load_calibration("default").coefficients
-    base = Case(**LLAMA8B, dp=16, nodes=2, global_batch=64, fsdp=True, overlap_fsdp=False)  # gathers exposed
+    base = Case(**LLAMA8B, dp=16, global_batch=64, fsdp=True, overlap_fsdp=False)  # gathers exposed
     kept = replace(base, fsdp_reshard=False)
     assert predict(kept).metrics["mem_per_device_bytes"] > predict(base).metrics["mem_per_device_bytes"] + 5 * 2**30
     assert step_time(kept, c).breakdown["fsdp_comm_exposed_s"] < step_time(base, c).breakdown["fsdp_comm_exposed_s"]
@@ -40,7 +40,7 @@ def test_fsdp_without_resharding_keeps_the_layers_gathered_and_skips_the_backwar
 
 def test_a_larger_ddp_bucket_leaves_more_of_the_gradient_reduction_exposed() -> None:
     c = load_calibration("default").coefficients
-    base = Case(**LLAMA8B, dp=16, nodes=2, global_batch=16)
+    base = Case(**LLAMA8B, dp=16, global_batch=16)
     small, whole = replace(base, dp_bucket_params=6.5e6), replace(base, dp_bucket_params=1e10)
     assert step_time(small, c).breakdown["dp_comm_exposed_s"] < step_time(whole, c).breakdown["dp_comm_exposed_s"]
 

@@ -22,7 +22,7 @@ from powertrain.spec.run import RunConfig
 def _gpt_case(**kw: object) -> Case:
     base = dict(layers=96, hidden=12288, ffn=4 * 12288, heads=96, kv_heads=96, vocab=51200, seq_len=2048,
                 gated=False, tp=8, pp=8, dp=4, micro_batch=1, global_batch=64,
-                device=get_device("a100-sxm4-80gb"), nodes=32, devices_per_node=8)
+                device=get_device("a100-sxm4-80gb"), devices_per_node=8)
     base.update(kw)
     return Case(**base)  # type: ignore[arg-type]
 

@@ -19,7 +19,7 @@ def _dsv3(**kw: object) -> Case:
     base = dict(layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128, vocab=129280, seq_len=4096,
                 experts=256, top_k=8, moe_ffn=2048, shared_experts=1, tp=2, pp=8, dp=64, ep=64, etp=1,
                 micro_batch=1, global_batch=8192, sequence_parallel=True, precision="fp8", recipe="blockwise",
-                device=get_device("h100-sxm"), nodes=128, devices_per_node=8)
+                device=get_device("h100-sxm"), devices_per_node=8)
     base.update(kw)
     return replace(Case(**base), **architecture_details("DeepSeek-V3"))  # type: ignore[arg-type]
 

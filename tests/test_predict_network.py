@@ -14,7 +14,7 @@ C = Coefficients()
 
 def _case(dev: str = "h100-sxm", world: int = 64, dpn: int = 8, **kw: object) -> Case:
     base = dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000, seq_len=4096,
-                tp=1, pp=1, dp=world, device=get_device(dev), nodes=world // dpn, devices_per_node=dpn)
+                tp=1, pp=1, dp=world, device=get_device(dev), devices_per_node=dpn)
     base.update(kw)
     return Case(**base)  # type: ignore[arg-type]
 

@@ -16,7 +16,7 @@ from powertrain.predict.thermal import ThermalParams, simulate
 
 def _case(**kw: object) -> Case:
     base = dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, seq_len=8192, tp=1,
-                pp=1, dp=8, micro_batch=1, global_batch=64, device=get_device("h100-sxm"), nodes=1,
+                pp=1, dp=8, micro_batch=1, global_batch=64, device=get_device("h100-sxm"),
                 devices_per_node=8, distributed_optimizer=True)
     base.update(kw)
     return Case(**base)  # type: ignore[arg-type]
@@ -178,7 +178,7 @@ def test_node_power_is_the_dc_load_through_the_power_supplies_one_formula_for_pr
     cal = load_calibration("default")
     c = cal.coefficients
     case = Case(layers=8, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=32000, seq_len=2048, dp=8, micro_batch=1,
-                global_batch=8, device=get_device("h100-sxm"), nodes=1, devices_per_node=8)
+                global_batch=8, device=get_device("h100-sxm"), devices_per_node=8)
     p = predict(case, cal)
     t, devices_j = p.metrics["step_time_mean_s"], p.metrics["energy_per_step_j"]
     assert p.breakdown["node_energy_per_step_j"] == pytest.approx(node_power_w(devices_j / t, 1, c) * t)

@@ -33,7 +33,7 @@ C = Coefficients()
 def _llama(**kw: object) -> Case:
     base = dict(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256, seq_len=8192,
                 tp=8, pp=4, dp=2, micro_batch=1, global_batch=128, sequence_parallel=True,
-                device=get_device("h100-sxm"), nodes=8, devices_per_node=8)
+                device=get_device("h100-sxm"), devices_per_node=8)
     base.update(kw)
     return Case(**base)  # type: ignore[arg-type]
 
@@ -62,7 +62,7 @@ def test_tp_across_nodes_is_slower_than_inside_one() -> None:
     # but not by the 8x a one-NIC share would say
     assert step_time(across, C).breakdown["tp_comm_exposed_s"] > 1.5 * step_time(inside, C).breakdown["tp_comm_exposed_s"]
     # an NVL72 domain keeps the same TP group on NVLink
-    nvl = replace(across, device=get_device("gb200"), devices_per_node=4, nodes=16)
+    nvl = replace(across, device=get_device("gb200"), devices_per_node=4)
     assert step_time(nvl, C).breakdown["tp_comm_exposed_s"] < step_time(across, C).breakdown["tp_comm_exposed_s"]
 
 
@@ -206,7 +206,7 @@ def test_the_trainers_zero1_adds_one_broadcast_per_parameter_tensor_to_the_all_r
     (workload/parallel/zero.py), after the same gradient all-reduce as plain DDP: it costs the DDP
     reduction plus a call per tensor — unlike Megatron's reduce-scatter + all-gather, which costs no
     more than the all-reduce (less: the gather moves 16-bit parameters, the reduction fp32 gradients)."""
-    case = _llama(tp=1, pp=1, dp=8, layers=8, global_batch=64, nodes=1, overlap_dp=False)
+    case = _llama(tp=1, pp=1, dp=8, layers=8, global_batch=64, overlap_dp=False)
     params = local_parameters(case, shape_of(case))
     ddp, _ = data_parallel_time(case, C, params, 1.0)
     megatron, _ = data_parallel_time(replace(case, distributed_optimizer=True), C, params, 1.0)
@@ -240,7 +240,7 @@ def _zero3(**kw: object) -> Case:
     """GPT-3 175B with DeepSpeed ZeRO-3 and no model parallelism on 384 A100s (Narayanan et al. 2021, Table 2)."""
     base = dict(layers=96, hidden=12288, ffn=49152, heads=96, kv_heads=96, vocab=51200, seq_len=2048, tp=1, pp=1,
                 dp=384, micro_batch=4, global_batch=1536, precision="fp16", fsdp=True, fsdp_per_param=True,
-                overlap_fsdp=True, device=get_device("a100-sxm4-80gb"), nodes=48, devices_per_node=8)
+                overlap_fsdp=True, device=get_device("a100-sxm4-80gb"), devices_per_node=8)
     base.update(kw)
     return Case(**base)  # type: ignore[arg-type]
 

@@ -284,7 +284,7 @@ def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist:
                    vp=lay["virtual_stages"], pp_split="even", micro_batch=mb, global_batch=req.global_batch,
                    recompute=rc, distributed_optimizer=dist, owner_broadcast_optimizer=req.engine == "builtin",
                    precision=req.precision,
-                   nodes=req.nodes, devices_per_node=req.devices_per_node, measured_steps=1)
+                   devices_per_node=req.devices_per_node, measured_steps=1)
 
 
 def count_space(req: Request, coeffs: Coefficients) -> int:

@@ -114,7 +114,6 @@ class Case:
     attention_kernel: str = "fused"
     # hardware
     device: DeviceSpec = field(default_factory=lambda: get_device("h100-sxm"))
-    nodes: int = 1
     devices_per_node: int = 1
 
     # derived once (dataclasses.replace recomputes them)
@@ -142,6 +141,12 @@ class Case:
         if self.min_measured_s > 0 and step_s > 0:
             return max(self.measured_steps, math.ceil(self.min_measured_s / step_s - 1e-9))
         return self.measured_steps
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the ranks occupy (a partly used node counts whole: its host draws all the same). Derived, so
+        it cannot disagree with the layout the way a separately given count could."""
+        return max(1, -(-self.world // max(1, self.devices_per_node)))
 
     @property
     def expert_ffn(self) -> int:
@@ -250,5 +255,5 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         dp_bucket_params=ov.ddp_bucket_mb * 2**20 / _DDP_GRAD_BYTES, power_limit_w=k.power_limit_w,
         sm_clock_mhz=float(k.sm_clock_mhz[1]) if k.sm_clock_mhz else None,
         measured_steps=cfg.protocol.measured_steps, min_measured_s=cfg.protocol.min_measured_s,
-        device=dev, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
+        device=dev, devices_per_node=hw.devices_per_node,
     )

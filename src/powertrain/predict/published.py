@@ -429,7 +429,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         overlap_dp=stack.era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
         power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
-        device=dev, nodes=max(1, count // gpn), devices_per_node=gpn,
+        device=dev, devices_per_node=gpn,
     )
 
 
