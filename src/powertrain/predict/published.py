@@ -362,7 +362,6 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
           dev: DeviceSpec, stack: FrameworkReading, degrees: tuple[int, int, int, int], out: PublishedRun) -> Case:
     """The Case of an entry whose required fields are present (framework defaults fill the rest)."""
     tp, pp, cp, dp = degrees
-    count = tp * pp * cp * dp
     layers = int(_int(m["layers"]) or 1)
     gb = _int(b.get("global"))
     if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
