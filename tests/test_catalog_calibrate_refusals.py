@@ -253,3 +253,16 @@ def test_cli_refuses_what_the_runs_cannot_fit_in_one_line(tmp_path, monkeypatch)
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and says in lines[0], res.output
     assert not list(tmp_path.glob("profiles/*"))  # nothing written
+
+
+def test_a_user_files_cooling_entry_reaches_the_shipped_devices_of_that_cooling(tmp_path) -> None:
+    """`thermal: air:` in a --hardware file changes every air-cooled device without its own thermal entry,
+    shipped ones included (it used to reach only devices defined after it)."""
+    from powertrain.hardware.catalog import load_catalog
+
+    shipped = load_catalog()["h100-sxm"].thermal
+    user = tmp_path / "site.yaml"
+    user.write_text(yaml.safe_dump({"devices": {}, "thermal": {"air": {
+        "inlet_c": shipped.inlet_c - 4, "r_c_per_w": shipped.r_c_per_w, "tau_s": shipped.tau_s}}}))
+    assert load_catalog([user])["h100-sxm"].thermal.inlet_c == shipped.inlet_c - 4
+    assert load_catalog([user])["gb200"].thermal == load_catalog()["gb200"].thermal  # liquid-cooled: unchanged

@@ -291,12 +291,14 @@ def load_catalog(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[
     env = os.environ.get("POWERTRAIN_HARDWARE", "")
     paths += [Path(p) for p in env.split(":") if p]
     paths += [Path(p) for p in extra]
-    base = _read(CATALOG_FILE)
-    thermal = {k: _thermal(v, f"{CATALOG_FILE}: thermal {k!r}") for k, v in base.get("thermal", {}).items()}
-    out: dict[str, DeviceSpec] = {}
-    for path in paths:
-        raw = _read(path)
+    raws = [(path, _read(path)) for path in paths]
+    # every file's cooling entries first (later wins), so a user's `thermal: air:` reaches the shipped
+    # air-cooled devices too, not only devices defined after it
+    thermal: dict[str, ThermalSpec] = {}
+    for path, raw in raws:
         thermal.update({k: _thermal(v, f"{path}: thermal {k!r}") for k, v in raw.get("thermal", {}).items()})
+    out: dict[str, DeviceSpec] = {}
+    for path, raw in raws:
         for name, dev in raw.get("devices", {}).items():
             out[str(name)] = _device(str(name), dev, thermal, str(path))
     return out
