@@ -207,13 +207,19 @@ def test_async_tp_is_refused_in_one_line_where_pytorch_lacks_it():
 
 
 def test_profile_steps_and_in_measured_choose_the_traced_steps():
+    def config(**prof: Any) -> RunConfig:
+        return RunConfig.model_validate({"model": TINY, "profile": {"enabled": True, **prof},
+                                         "protocol": {"warmup_steps": 3}})
+
     def steps(**prof: Any) -> list[int]:
-        return profiled_steps(RunConfig.model_validate({"model": TINY, "profile": {"enabled": True, **prof},
-                                                        "protocol": {"warmup_steps": 3}}))
+        return profiled_steps(config(**prof))
 
     assert steps() == [2]  # the last warm-up step
-    assert steps(steps=[0, 4]) == [0]  # a measured step is left out …
+    # a measured step is left out … (the spec rule refuses such a spec; the trainer's filter stays a guard)
+    assert steps(steps=[0, 4]) == [0]
+    assert "profile_measured_needs_in_measured" in {v.rule for v in validate(config(steps=[0, 4]))}
     assert steps(steps=[0, 4], in_measured=True) == [0, 4]  # … unless asked for
+    assert validate(config(steps=[0, 4], in_measured=True)) == []
 
 
 def test_launch_options_reach_the_process_and_its_records(tmp_path):

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from powertrain.cli import app
-from powertrain.plan.planner import Plan, plan
+from powertrain.plan.planner import Plan, PlannedRun, plan
 from powertrain.plan.sweep_spec import SpecError, load_sweep_spec
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS, shown
 
@@ -71,6 +71,23 @@ def controls_label(knobs: dict[str, object]) -> str:
     return " · ".join(parts) or "—"
 
 
+def shown_runs(p: Plan, show_all: bool = True) -> list[PlannedRun]:
+    """The runs a plan shows: all, or (``show_all`` False) those that will not launch or are launched
+    although predicted not to fit. Knobs that change nothing are counted below the table instead: a study
+    sweep sets them across layouts on purpose, and listing those runs would bury the problems."""
+    return [r for r in p.runs if show_all or r.status != "planned" or r.warnings]
+
+
+def _notes(r: PlannedRun) -> list[str]:
+    """A launched run's knobs that change nothing for its layout: a warning, not a refusal (a study sweep
+    crosses variants with layouts); the run gets them at their defaults."""
+    if r.status != "planned" or not r.unused_knobs:
+        return []
+    one = len(r.unused_knobs) == 1
+    return [f"warning: {', '.join(r.unused_knobs)} change{'s' if one else ''} nothing here; the run uses "
+            f"{'its default' if one else 'their defaults'}"]
+
+
 def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
     # the device controls column only where a run sets one (a power-cap or clock sweep)
@@ -79,7 +96,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             "mem/dev GiB", "fits", "status", "reason")
     for col in cols:
         table.add_column(col, overflow="fold")
-    shown = [r for r in p.runs if show_all or r.status != "planned" or r.warnings]
+    shown = shown_runs(p, show_all)
     for r in shown:
         c = r.config
         table.add_row(
@@ -93,7 +110,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             _gib(r.mem_per_device_bytes),
             {True: "yes", False: "no", None: "—"}[r.fits],
             f"[{_STYLE[r.status]}]{r.status}[/]",
-            escape("; ".join(r.reasons + r.warnings)),
+            escape("; ".join(r.reasons + r.warnings + _notes(r))),
         )
     if shown:
         console.print(table)
@@ -104,6 +121,8 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
         f"trainer[/], [dim]{counts['duplicate']} duplicates merged[/]"
         + (f"; {warned} launched although predicted not to fit" if (warned := sum(bool(r.warnings) for r in p.runs))
            else "")
+        + (f"; {noop} launched with knobs that change nothing for their layout, at their defaults (named in "
+           "the reason column of the full `powertrain plan`)" if (noop := sum(bool(_notes(r)) for r in p.runs)) else "")
     )
 
 
@@ -111,7 +130,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
 def plan_cmd(
     spec: Annotated[Path, typer.Argument(help="Sweep spec YAML (or a single-run spec).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead of a table.")] = False,
-    problems: Annotated[bool, typer.Option("--problems", help="Only show runs that will not launch.")] = False,
+    problems: Annotated[bool, typer.Option("--problems", help="Only show runs that will not launch, or launch although predicted not to fit (also with --json).")] = False,
     max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
 ) -> None:
     """Expand a sweep spec into runs and check each one WITHOUT launching anything.
@@ -119,7 +138,8 @@ def plan_cmd(
     Every run is validated (world size = product of degrees, heads and KV heads divisible by TP,
     layers ≥ pipeline stages, experts divisible by EP, global batch divisible by micro-batch × DP,
     enough pipeline micro-batches, …) and sized with the analytical memory model. Rejections name the
-    violated rule and a fix; runs whose knobs change nothing for their layout are merged. A sweep
+    violated rule and a fix; runs whose knobs change nothing for their layout are merged, and a run
+    kept with such knobs carries a warning naming them (it runs them at their defaults). A sweep
     that sets device controls (power limit, clock locks) shows them in a controls column; on the
     CPU backend such a run is rejected (nothing there to set).
 
@@ -130,7 +150,8 @@ def plan_cmd(
     """
     p = load_and_plan(spec, max_points)
     if as_json:
-        typer.echo(json.dumps({"name": p.spec.name, "counts": p.counts(), "runs": [r.to_dict() for r in p.runs]},
+        typer.echo(json.dumps({"name": p.spec.name, "counts": p.counts(),
+                               "runs": [r.to_dict() for r in shown_runs(p, show_all=not problems)]},
                               indent=2, default=str))
     else:
         print_plan(p, show_all=not problems)

@@ -17,6 +17,7 @@ from powertrain.cli.root import app
 from powertrain.monitor import MonitorError
 from powertrain.plan.sweep_spec import pydantic_message
 from powertrain.spec.bounds import load_spec_yaml, shown
+from powertrain.spec.effective import sweep_protocol, unused_knobs
 from powertrain.spec.run import RunConfig, load_run_config
 from powertrain.spec.validate import validate
 
@@ -112,7 +113,10 @@ def run(
 
       powertrain run examples/run-llama-1gpu.yaml --out runs/cap   # with knobs: {power_limit_w: 500}
 
-    A sweep spec (base + grid) is run with `powertrain sweep`, not `run`.
+    A sweep spec (base + grid) is run with `powertrain sweep`, not `run`; so is a run spec that sets
+    protocol.repeats, cooldown_s, cooldown_until_temp_c or idle_baseline_s, which only a sweep
+    applies. A knob that changes nothing for the layout (async TP at TP=1, FSDP knobs without FSDP,
+    DP knobs without DP, a pipeline schedule at PP=1) is refused, naming it.
     """
     cfg = _checked_config(spec)
     if check_only:
@@ -138,8 +142,9 @@ def run(
 
 
 def _checked_config(spec: Path) -> RunConfig:
-    """SPEC loaded and validated; a sweep spec, an unreadable spec or a broken rule ends the command
-    (exit 2) with the problems and their fixes."""
+    """SPEC loaded and validated; a sweep spec, an unreadable spec, a broken rule, a protocol setting
+    only a sweep applies or a knob that changes nothing for the layout ends the command (exit 2) with
+    the problems and their fixes."""
     sweep_error = _sweep_spec_error(spec) if spec.is_file() else None
     if sweep_error:
         fail(sweep_error)
@@ -153,6 +158,17 @@ def _checked_config(spec: Path) -> RunConfig:
     if violations:  # exit 2, nothing valid remains: one line, every broken rule with its fix
         fail(f"{shown(spec)} cannot run, nothing was started ({len(violations)} problem(s)): "
              + "; ".join(str(v) for v in violations))
+    by_sweep = sweep_protocol(cfg)
+    if by_sweep:  # the sweep runner applies these around its runs; one run alone would ignore them
+        fail(f"{shown(spec)}: {', '.join('protocol.' + k for k in by_sweep)} "
+             f"{'is' if len(by_sweep) == 1 else 'are'} applied by `powertrain sweep`, "
+             f"not `run`; nothing was started — fix: run `powertrain sweep {shown(spec)}` (a run spec is a sweep "
+             "of one), or drop them")
+    unused = unused_knobs(cfg)
+    if unused:  # a sweep merges such runs and warns; a run spec asks for exactly this one configuration
+        fail(f"{shown(spec)}: {', '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing for layout "
+             f"{cfg.layout.resolve(cfg.world).label()}; nothing was started — fix: drop them, or choose a layout "
+             "they apply to")
     return cfg
 
 

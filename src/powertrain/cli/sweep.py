@@ -18,6 +18,7 @@ from powertrain.cli.plan import MAX_POINTS_HELP, fail, load_and_plan, nothing_va
 from powertrain.cli.root import app
 from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
 from powertrain.plan.state import SweepLocked, SweepState
+from powertrain.plan.sweep_spec import SweepSpec
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS, control_char
 from powertrain.spec.slurm import directive_word
 
@@ -55,7 +56,7 @@ class _Progress:
 
 @app.command("sweep")
 def sweep_cmd(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML.")],
+    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML (or a single-run spec: a sweep of one).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default: results/<sweep name>).")] = None,
     backend: Annotated[str | None, typer.Option("--backend", help="local or slurm (default: the spec's launch.backend).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep in this folder; finished runs are kept.")] = False,
@@ -75,6 +76,9 @@ def sweep_cmd(
     or clock sweep (knobs.power_limit_w, sm_clock_mhz, mem_clock_mhz as axes) sets each value
     before the run's warm-up and restores the devices after it; it needs root on GPU nodes.
 
+    A run spec is a sweep of one: how its protocol repeats, cool-down and idle baseline are applied.
+    launch.partition, account, qos and slurm_extra are refused where the sweep runs locally.
+
     Example:  powertrain sweep examples/cpu-sweep.yaml --out results/cpu && powertrain report results/cpu
 
     Example:  powertrain sweep examples/study-h200-powercap.yaml --out results/powercap  (Slurm jobs whose
@@ -86,10 +90,7 @@ def sweep_cmd(
     if interrupted not in ("rerun", "fail"):
         err.print("[red]error:[/] --interrupted must be rerun or fail")
         raise typer.Exit(2)
-    chosen = backend or sweep_spec.launch.backend
-    if chosen not in ("local", "slurm"):
-        err.print("[red]error:[/] --backend must be local or slurm")
-        raise typer.Exit(2)
+    chosen = _backend(spec, sweep_spec, backend)
     folder = out or Path("results") / sweep_spec.name
     if chosen == "slurm":
         try:  # the results folder is written into every job's #SBATCH --output
@@ -134,6 +135,20 @@ def sweep_cmd(
     if len(unfinished) > len(left):
         err.print(f"{len(unfinished) - len(left)} run(s) outside --only {only!r} left as planned")
     raise typer.Exit(1 if failed or left else 0)
+
+
+def _backend(spec: Path, sweep_spec: SweepSpec, backend: str | None) -> str:
+    """--backend, else the spec's; the Slurm-only launch options are refused where the sweep runs locally."""
+    chosen = backend or sweep_spec.launch.backend
+    if chosen not in ("local", "slurm"):
+        err.print("[red]error:[/] --backend must be local or slurm")
+        raise typer.Exit(2)
+    slurm_only = [f"launch.{k}" for k in ("partition", "account", "qos", "slurm_extra") if getattr(sweep_spec.launch, k)]
+    if chosen == "local" and slurm_only:  # the local backend starts no job: they would be accepted and ignored
+        one = len(slurm_only) == 1
+        fail(f"{spec}: {', '.join(slurm_only)} appl{'ies' if one else 'y'} to Slurm jobs, and this sweep runs "
+             f"locally; drop {'it' if one else 'them'} or run with --backend slurm")
+    return chosen
 
 
 def _check_options(out: Path | None, time_limit_min: float | None) -> None:

@@ -3,8 +3,10 @@
 :func:`launch_local` checks the configuration first (:mod:`powertrain.spec.validate`; nothing
 starts when a rule is broken), creates the run directory through :class:`powertrain.Monitor`
 (telemetry sampler running), writes the resolved spec and the rank map to ``run.json``, then starts
-``torchrun --standalone --nproc_per_node=N -m powertrain.workload.train``. The protocol's cool-down
-gate and idle baseline are applied by the sweep runner (:mod:`powertrain.launch.sweep`), not here.
+``torchrun --standalone --nproc_per_node=N -m powertrain.workload.train``. The protocol's repeats,
+cool-down gate and idle baseline are applied by the sweep runner (:mod:`powertrain.launch.sweep`), not
+here: ``powertrain run`` refuses a spec that sets them (``powertrain sweep`` takes a run spec as a sweep
+of one).
 
 Several nodes (``hardware.nodes > 1``): the same call runs once per node (``powertrain run`` under
 ``srun --ntasks-per-node=1``, or by hand with ``--nnodes/--node-rank/--master-addr/--master-port``)

@@ -2,8 +2,11 @@
 
 Every run is launched the same way, as ``powertrain run <resolved spec> --out <sweep>/<run-id>``
 in its own process (locally) or inside its own Slurm job, so a crash of one run never takes the
-sweep down and a run directory always has a single owner. The sweep's state is
-:class:`powertrain.plan.state.SweepState` (``sweep.json``), rewritten after every change.
+sweep down and a run directory always has a single owner. The resolved spec holds what that run
+applies (:func:`powertrain.spec.effective.as_single_run`); run.json's ``sweep`` entry records the
+protocol settings the sweep applied around it and the knobs that changed nothing for its layout.
+The sweep's state is :class:`powertrain.plan.state.SweepState` (``sweep.json``), rewritten after
+every change.
 
 Before each run the protocol's gate is applied (wait ``cooldown_s``, or until the hottest device
 is at or below ``cooldown_until_temp_c``), and an idle baseline is recorded once per sweep when the
@@ -32,6 +35,7 @@ import yaml
 from powertrain.plan.planner import Plan
 from powertrain.plan.state import FINISHED, SweepState, sweep_lock
 from powertrain.spec.bounds import control_char
+from powertrain.spec.effective import as_single_run, sweep_protocol, unused_knobs
 from powertrain.spec.run import Protocol, RunConfig
 from powertrain.spec.slurm import check_name, check_option, directive_word, job_name
 from powertrain.store.rundir import RunDir
@@ -363,7 +367,10 @@ class SweepRunner:
         if run_dir.exists():  # a partial directory from an earlier attempt that never got marked
             self.state.archive_attempt(run_id)
         gate = apply_gate(config.protocol)
-        spec_path = _write_run_spec(self.folder, run_id, entry["config"])
+        # `powertrain run` refuses what it would not apply: the gate, repeats and baseline are applied
+        # here, and knobs that change nothing for the layout were shown as a warning by the plan
+        single = as_single_run(config)
+        spec_path = _write_run_spec(self.folder, run_id, single.model_dump(mode="json"))
         time_limit_s = self.opts.time_limit_s or self.plan.spec.launch.time_limit_min * 60
         self.state.set(run_id, status="running", started=time.time(), attempts=entry.get("attempts", 0) + 1,
                        reason=None)
@@ -381,6 +388,8 @@ class SweepRunner:
             ok = RunDir(run_dir).effective_status() == "ok" and reason is None
             status = "ok" if ok else classify_failure(run_dir)
             reason = reason or info.get("reason")
-            RunDir(run_dir).update(sweep={"name": self.plan.spec.name, "id": run_id, "gate": gate})
+            RunDir(run_dir).update(sweep={"name": self.plan.spec.name, "id": run_id, "gate": gate,
+                                          "protocol": sweep_protocol(config),
+                                          "unused_knobs": unused_knobs(config)})
         self.state.set(run_id, status=status, reason=reason, ended=time.time())
         self.on_change(self.state, None)

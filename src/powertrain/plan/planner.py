@@ -9,6 +9,10 @@ Each expanded grid point becomes a :class:`PlannedRun` with one of three statuse
   needs at least as many micro-batches as pipeline stages; Megatron-LM runs it with a larger bubble);
 * ``duplicate`` — its *effective* configuration equals an earlier run's (knobs that change nothing
   for that layout, such as async TP at TP=1, are normalised away); ``duplicate_of`` names the run kept.
+
+A planned run that sets such knobs lists them in ``unused_knobs``: ``plan`` and ``sweep`` show them as a
+warning (a study sweep crosses variants with layouts on purpose), and the sweep runner hands the run
+its spec without them (:func:`powertrain.spec.effective.as_single_run`); ``powertrain run`` refuses them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 from powertrain.plan.sweep_spec import SpecError, SweepSpec, expand
 from powertrain.predict.memory import fits
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS
+from powertrain.spec.effective import effective_config
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import validate
 
@@ -132,42 +137,6 @@ def run_id(settings: dict[str, Any]) -> str:
         else:
             parts.append(f"{_short(key)}{_slug(value)}")
     return ".".join(parts).strip(".") or "run"
-
-
-def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
-    """The configuration with knobs that cannot matter for its layout reset to their defaults.
-
-    Returns the normalised dict and the names of the knobs that were set but change nothing.
-    """
-    default = RunConfig(model=config.model)
-    d = config.model_dump(mode="json")
-    d["name"] = None
-    lay, ov = d["layout"], d["knobs"]["overlap"]
-    dflt_lay, dflt_ov = default.layout.model_dump(mode="json"), default.knobs.overlap.model_dump(mode="json")
-    unused: list[str] = []
-
-    def reset(section: dict[str, Any], dflt: dict[str, Any], key: str, prefix: str, why: str) -> None:
-        if section[key] != dflt[key]:
-            unused.append(f"{prefix}{key} ({why})")
-            section[key] = dflt[key]
-
-    dp = config.layout.dp or 1
-    if config.layout.tp == 1:
-        reset(lay, dflt_lay, "sequence_parallel", "layout.", "TP=1")
-        reset(ov, dflt_ov, "async_tp", "knobs.overlap.", "TP=1")
-    if config.layout.pp == 1:
-        for key in ("pp_schedule", "virtual_stages", "pp_split"):
-            reset(lay, dflt_lay, key, "layout.", "PP=1")
-    if not config.layout.fsdp:
-        for key in ("fsdp_prefetch", "fsdp_reshard_after_forward"):
-            reset(ov, dflt_ov, key, "knobs.overlap.", "no FSDP")
-    if dp * config.layout.cp == 1:
-        for key in ("ddp_bucket_mb", "grad_reduce_in_backward"):
-            reset(ov, dflt_ov, key, "knobs.overlap.", "no data parallelism")
-        reset(lay, dflt_lay, "distributed_optimizer", "layout.", "no data parallelism")
-    elif config.layout.fsdp:
-        reset(lay, dflt_lay, "distributed_optimizer", "layout.", "FSDP shards optimizer states already")
-    return d, unused
 
 
 def _memory(config: RunConfig) -> tuple[float | None, float | None, str | None]:

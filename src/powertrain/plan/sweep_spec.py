@@ -37,6 +37,7 @@ import copy
 import itertools
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -300,6 +301,80 @@ def parse_sweep_spec(raw: Any, source: str = "spec") -> SweepSpec:
     if "grid" not in raw and "model" in raw:  # a single-run spec is a sweep of one
         raw = {"name": str(raw.get("name", Path(source).stem)).replace(" ", "-"), "base": raw}
     try:
-        return SweepSpec.model_validate(raw)
+        spec = SweepSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(f"{source}: {pydantic_message(exc)}") from None
+    _check_per_sweep_settings(spec, source)
+    _check_variants_used(spec, source)
+    return spec
+
+
+def _reached(key: str, value: Any) -> Iterator[str]:
+    """The dotted keys one setting reaches: ``protocol: {idle_baseline_s: 1}`` reaches ``protocol`` and
+    ``protocol.idle_baseline_s`` (mappings under a section merge key by key, see :func:`apply_settings`)."""
+    yield key
+    if isinstance(value, dict) and key.split(".")[0] in _SECTIONS:
+        for k, v in value.items():
+            yield from _reached(f"{key}.{k}", v)
+
+
+def _settings_of(spec: SweepSpec) -> Iterator[tuple[str, str, Any]]:
+    """(where, key, value) of every setting the grid and the variants hold, read from the spec as
+    written (nothing is expanded: a grid's size is checked only when it is planned)."""
+    for i, group in enumerate(spec.grid):
+        where = f"grid[{i}]"
+        if set(group) == {"cases"} and isinstance(group["cases"], list):
+            for case in group["cases"]:
+                if isinstance(case, dict):
+                    yield from ((where, k, v) for k, v in case.items())
+        elif set(group) == {"zip"} and isinstance(group["zip"], dict):
+            for k, values in group["zip"].items():
+                yield from ((where, k, v) for v in (values if isinstance(values, list) else [values]))
+        else:
+            for k, values in group.items():
+                yield from ((where, k, v) for v in (values if isinstance(values, list) else [values]))
+    for name, body in spec.variants.items():
+        for part in body if isinstance(body, list) else [body]:
+            if isinstance(part, dict):
+                yield from ((f"variants.{name}", k, v) for k, v in part.items())
+
+
+def _check_per_sweep_settings(spec: SweepSpec, source: str) -> None:
+    """An idle baseline is recorded once per sweep, from ``base``: a grid or variant value of it would be
+    planned into each run's configuration and never recorded."""
+    for where, key, value in _settings_of(spec):
+        if "protocol.idle_baseline_s" in _reached(key, value):
+            raise SpecError(f"{source}: {where} sets protocol.idle_baseline_s, but an idle baseline is recorded once "
+                            "per sweep, before its runs; set it under base.protocol")
+
+
+def _check_variants_used(spec: SweepSpec, source: str) -> None:
+    """Variants apply only through a ``variant`` axis: one that no axis lists (itself or composed into a
+    listed one) would be accepted and never run."""
+    if not spec.variants:
+        return
+    listed = {str(v) for where, key, v in _settings_of(spec) if key == "variant" and where.startswith("grid")}
+    names = ", ".join(spec.variants)
+    if not listed:
+        raise SpecError(f"{source}: {_defined(list(spec.variants))} but no grid group names `variant:`; add "
+                        f"`- variant: [{names}]` to the grid, or drop {'it' if len(spec.variants) == 1 else 'them'}")
+    if listed - set(spec.variants):
+        return  # expand names the unknown variant, the bigger mistake
+    used: set[str] = set()
+    todo = list(listed)
+    while todo:  # listed variants and those they compose, each visited once
+        name = todo.pop()
+        if name in used or name not in spec.variants:
+            continue
+        used.add(name)
+        body = spec.variants[name]
+        todo += [p for p in (body if isinstance(body, list) else [body]) if isinstance(p, str)]
+    unused = [n for n in spec.variants if n not in used]
+    if unused:
+        them = "it" if len(unused) == 1 else "them"
+        raise SpecError(f"{source}: {_defined(unused)} but no `variant:` axis lists {them} (nor does a listed "
+                        f"variant compose {them}); list {them} in a `variant:` axis, or drop {them}")
+
+
+def _defined(names: list[str]) -> str:
+    return f"variant {names[0]} is defined" if len(names) == 1 else f"variants {', '.join(names)} are defined"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from powertrain.hardware.catalog import UnknownDeviceError, get_device, is_cpu_name
-from powertrain.spec.run import RunConfig
+from powertrain.spec.run import ProfilerOptions, RunConfig
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,10 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
         if cfg.model.vocab < 256:
             out.append(Violation("byte_vocab", f"byte-level text needs vocab ≥ 256, model has {cfg.model.vocab}",
                                  "use a model with vocab ≥ 256, or data.kind: synthetic"))
+    elif cfg.data.path is not None:
+        out.append(Violation("data_path_needs_text",
+                             f"data.path {cfg.data.path} is set but data.kind is synthetic, which reads no file",
+                             "set data.kind: text, or drop data.path"))
     return out
 
 
@@ -313,6 +317,80 @@ def rule_device_order(cfg: RunConfig) -> list[Violation]:
     return []
 
 
+def rule_node_size(cfg: RunConfig) -> list[Violation]:
+    """More devices on one node than the catalog's node holds would be costed as one scale-up domain."""
+    name, per = cfg.hardware.device, cfg.hardware.devices_per_node
+    if is_cpu_name(name):
+        return []
+    try:
+        dev = get_device(name)
+    except UnknownDeviceError:
+        return []  # rule_device names it
+    # an NVL72 rack's devices share one NVLink domain across its trays: up to the domain on one "node"
+    most = max(dev.node.devices_per_node, dev.node.nvlink_domain)
+    if per <= most:
+        return []
+    world = cfg.world
+    split = f"use nodes: {world // most}, devices_per_node: {most}, or " if world % most == 0 else ""
+    return [Violation("devices_per_node_le_node",
+                      f"hardware.devices_per_node {per} is more than one {dev.name} node holds ({most})",
+                      f"{split}describe the larger node in a hardware YAML (--hardware / $POWERTRAIN_HARDWARE)")]
+
+
+def rule_cooldown(cfg: RunConfig) -> list[Violation]:
+    """The temperature gate waits at most ``cooldown_s``: without it the target is never waited for."""
+    proto = cfg.protocol
+    if proto.cooldown_until_temp_c is None or proto.cooldown_s > 0:
+        return []
+    return [Violation("cooldown_temp_needs_time",
+                      f"protocol.cooldown_until_temp_c {proto.cooldown_until_temp_c:g} °C waits at most cooldown_s, "
+                      "which is 0",
+                      "set protocol.cooldown_s (e.g. 300) as the longest wait, or drop cooldown_until_temp_c")]
+
+
+def rule_profile(cfg: RunConfig) -> list[Violation]:
+    """Profiler steps and ranks that trace nothing (run_loop.profiled_steps / profiles_rank skip them)."""
+    prof, proto = cfg.profile, cfg.protocol
+    if not prof.enabled:
+        default = ProfilerOptions()
+        given = [f"profile.{k}" for k in ("steps", "ranks", "in_measured") if getattr(prof, k) != getattr(default, k)]
+        return [Violation("profile_needs_enabled", f"{', '.join(given)} set but profile.enabled is false: nothing "
+                          "is traced", "set profile.enabled: true, or drop " + ", ".join(given))] if given else []
+    out = []
+    warm, total = proto.warmup_steps, proto.warmup_steps + proto.measured_steps
+    steps = prof.steps if prof.steps is not None else [max(warm - 1, 0)]
+    outside = sorted({s for s in steps if not 0 <= s < total})
+    if not steps or outside:
+        what = "profile.steps is empty: nothing is traced" if not steps else \
+            f"profile.steps {', '.join(map(str, outside))} not in this run's steps 0–{total - 1}, never traced"
+        out.append(Violation("profile_steps_in_run", f"{what} (warmup_steps {warm} + measured_steps "
+                             f"{proto.measured_steps})",
+                             f"list steps below {total}, or raise protocol.measured_steps"))
+    measured = sorted({s for s in steps if warm <= s < total})
+    if measured and not prof.in_measured:
+        listed = "profile.steps lists" if prof.steps is not None else \
+            "with protocol.warmup_steps 0, the default traced step is"
+        out.append(Violation("profile_measured_needs_in_measured",
+                             f"{listed} measured step {', '.join(map(str, measured))}, traced only with "
+                             "profile.in_measured: true",
+                             f"set profile.in_measured: true to trace measured step {measured[0]}, or list "
+                             f"warm-up steps (below {warm}) only" if warm else
+                             "set profile.in_measured: true, or protocol.warmup_steps ≥ 1"))
+    if prof.in_measured and not measured and steps and not outside:
+        out.append(Violation("in_measured_needs_measured_step",
+                             "profile.in_measured is true but no traced step is a measured one "
+                             f"(measured steps are {warm}–{total - 1})",
+                             "drop profile.in_measured, or list a measured step in profile.steps"))
+    if isinstance(prof.ranks, list):
+        bad = sorted({r for r in prof.ranks if not 0 <= r < cfg.world})
+        if bad or not prof.ranks:
+            what = "profile.ranks is empty" if not prof.ranks else \
+                f"profile.ranks {', '.join(map(str, bad))} not among this run's ranks 0–{cfg.world - 1}"
+            out.append(Violation("profile_ranks_in_world", f"{what}: nothing is traced there",
+                                 f"list ranks below {cfg.world}, or use profile.ranks: per_stage or all"))
+    return out
+
+
 def rule_stand_in(cfg: RunConfig) -> list[Violation]:
     if cfg.hardware.stand_in and is_cpu_name(cfg.hardware.device):
         return [Violation("stand_in_needs_device", "hardware.stand_in is set but hardware.device is already cpu",
@@ -320,16 +398,20 @@ def rule_stand_in(cfg: RunConfig) -> list[Violation]:
     return []
 
 
-# Rules that only the built-in trainer imposes: Megatron-Core / NeMo / torchtitan run these configurations,
-# so the predictor and the advisor (engine megatron) do not refuse them.
+# Rules that only the built-in trainer imposes (Megatron-Core / NeMo / torchtitan run these configurations)
+# or that concern only how powertrain measures a run (its data, profiler, cool-down gate), which the
+# predictor does not read: the predictor and the advisor (engine megatron) do not refuse them.
 TRAINER_ONLY_RULES = frozenset({"pipeline_microbatches", "context_parallel_unsupported", "tied_embeddings_unsupported",
                                 "fsdp_with_ep", "expert_tp_unsupported", "model_architecture_unsupported",
                                 "low_precision_unsupported",
-                                "data_path", "byte_vocab"})
+                                "data_path", "byte_vocab", "data_path_needs_text",
+                                "cooldown_temp_needs_time",
+                                "profile_needs_enabled", "profile_steps_in_run", "profile_measured_needs_in_measured",
+                                "in_measured_needs_measured_step", "profile_ranks_in_world"})
 
 RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
                      rule_recipe, rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
-                     rule_stand_in]
+                     rule_stand_in, rule_node_size, rule_cooldown, rule_profile]
 
 
 def validate(cfg: RunConfig) -> list[Violation]:
