@@ -212,3 +212,10 @@ def test_cli_refusals_are_one_line(args, message):
     assert res.exit_code == 2
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_more_gpus_per_node_than_the_catalogs_node_holds_is_refused_up_front_naming_the_node_count():
+    with pytest.raises(ValueError, match=r"--gpus 16 over --nodes 1: 16 per node is more than one h100-sxm node holds "
+                                         r"\(8\); use --nodes 2"):
+        make_request("llama3-8b", "h100", 16, 1, 64)
+    make_request("llama3-8b", "gb200", 64, 1, 64)  # an NVL72 rack: 64 GPUs share one NVLink domain

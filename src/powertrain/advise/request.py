@@ -152,6 +152,11 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     if nodes < 1 or gpus < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
                          "node count")
+    most = max(dev.node.devices_per_node, dev.node.nvlink_domain)  # spec.validate's node-size rule, up front
+    if not is_cpu_name(device) and gpus // nodes > most:
+        split = f"use --nodes {gpus // most}, or " if gpus % most == 0 else ""
+        raise ValueError(f"--gpus {gpus} over --nodes {nodes}: {gpus // nodes} per node is more than one {dev.name} "
+                         f"node holds ({most}); {split}describe the larger node in $POWERTRAIN_HARDWARE")
     if global_batch < 1:
         raise ValueError("--global-batch must be ≥ 1")
     prec = precision or ("fp32" if is_cpu_name(device) else "bf16")
