@@ -219,3 +219,18 @@ def test_more_gpus_per_node_than_the_catalogs_node_holds_is_refused_up_front_nam
                                          r"\(8\); use --nodes 2"):
         make_request("llama3-8b", "h100", 16, 1, 64)
     make_request("llama3-8b", "gb200", 64, 1, 64)  # an NVL72 rack: 64 GPUs share one NVLink domain
+
+
+def test_an_emitted_spec_holds_only_knobs_its_layout_uses_so_run_accepts_it(tmp_path):
+    """The advisor's candidate carries every overlap flag; written as a spec for a layout that cannot use one
+    (FSDP prefetch without FSDP, DP knobs on one device), `powertrain run` would refuse it."""
+    from powertrain.spec.effective import unused_knobs
+
+    req = make_request("llama3-tiny", "cpu", 2, 1, 8)
+    cands = [c for c in enumerate_candidates(req, CAL) if not c.layout.fsdp]
+    assert cands
+    for cand in cands[:3]:
+        cand = dataclasses.replace(cand, case=dataclasses.replace(cand.case, overlap_fsdp=False))
+        spec, _ = run_spec_dict(cand, req, name="x")
+        assert "fsdp_prefetch" not in spec["knobs"]["overlap"]
+        assert unused_knobs(RunConfig.model_validate(spec)) == []
