@@ -94,6 +94,15 @@ def test_uuid_column_numbers_gpus_in_order_of_appearance(tmp_path):
     assert _rows(tel, "gpu1").column("power_w").to_pylist() == [20.0]
 
 
+def test_gpus_checks_a_log_that_names_its_gpus_and_a_disagreeing_count_is_refused(tmp_path):
+    f = tmp_path / "smi.csv"
+    f.write_text("timestamp, uuid, power.draw\n2024/01/01 00:00:00.000, GPU-z, 10\n"
+                 "2024/01/01 00:00:00.000, GPU-a, 20\n2024/01/01 00:00:01.000, GPU-z, 11\n")
+    assert import_nvsmi([f], tz="UTC", gpus=2).telemetry().num_rows == 3  # agrees with the log: read as a check
+    with pytest.raises(ValueError, match=r"smi\.csv: --gpus 4, but the log's uuid column names 2 GPU\(s\); drop --gpus"):
+        import_nvsmi([f], tz="UTC", gpus=4)
+
+
 def test_malformed_rows_name_file_line_and_problem(tmp_path):
     f = tmp_path / "smi.csv"
     f.write_text("timestamp, power.draw [W]\n2024/01/01 00:00:00.000, 10 W\n2024/01/01 00:00:00.100\n")

@@ -277,7 +277,13 @@ def _read_rows(path: Path, reader: Iterator[list[str]], keys: list[str], plan: _
 
 def _device_indices(path: Path, id_key: str | None, ids: list[str], t_arr: np.ndarray, gpus: int | None,
                     builder: RunBuilder) -> list[int]:
-    """GPU index of every row: the index column, else order of first appearance of the id, else row order."""
+    """GPU index of every row: the index column, else order of first appearance of the id, else row order.
+
+    ``gpus`` splits a log without an index or uuid column into devices; with one it is a check on the count
+    (a count that disagrees with the log's own is refused, not ignored)."""
+    if id_key is not None and gpus is not None and len(set(ids)) != gpus:
+        raise ValueError(f"{path}: --gpus {gpus}, but the log's {id_key} column names {len(set(ids))} GPU(s); drop "
+                         "--gpus (it splits logs without an index or uuid column) or import the right file")
     if id_key == "index":
         try:
             return [int(x) for x in ids]
