@@ -271,3 +271,14 @@ def test_slurm_options_with_the_local_backend_are_refused(tmp_path, launch, back
     assert code == 2 and len(lines) == 1, lines
     assert all(f"launch.{k}" in lines[0] for k in launch if k != "backend")
     assert "--backend slurm" in lines[0] and not out.exists()
+
+
+def test_a_sweep_asking_for_more_samples_per_second_than_the_sampler_takes_is_refused_before_planning() -> None:
+    """The sampler refuses above 1 kHz; the spec used to allow 10 kHz and every run then failed after its retries."""
+    from powertrain.core.sampling import MAX_RATE_HZ
+    from powertrain.plan.sweep_spec import parse_sweep_spec
+
+    with pytest.raises(Exception, match=r"launch\.sampler_rate_hz: Input should be less than or equal to 1000"):
+        parse_sweep_spec({"name": "s", "base": {"model": "llama3-tiny"}, "launch": {"sampler_rate_hz": 5000}})
+    assert parse_sweep_spec({"name": "s", "base": {"model": "llama3-tiny"},
+                             "launch": {"sampler_rate_hz": MAX_RATE_HZ}}).launch.sampler_rate_hz == MAX_RATE_HZ

@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from powertrain.core.sampling import MAX_RATE_HZ
 from powertrain.spec.bounds import (
     DEFAULT_MAX_POINTS,
     SpecFileError,
@@ -74,7 +75,9 @@ class LaunchOptions(BaseModel):
     qos: str | None = Field(default=None, description="Slurm quality of service (or comma list)")
     slurm_extra: list[str] = Field(default_factory=list, max_length=64,
                                    description="extra #SBATCH options, each one --key or --key=value")
-    sampler_rate_hz: float = Field(default=20.0, gt=0, le=10_000, allow_inf_nan=False)
+    # the sampler's own ceiling (core.sampling.MAX_RATE_HZ): above it every run would fail after its retries
+    sampler_rate_hz: float = Field(default=20.0, gt=0, le=MAX_RATE_HZ, allow_inf_nan=False,
+                                   description="telemetry samples per second, at most 1000")
     memory_check: Literal["reject", "warn"] = Field(
         default="reject",
         description="a run the memory model predicts not to fit: reject it, or launch it with a warning",

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from powertrain.core.sampling import MAX_RATE_HZ
 from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.reserve import SAMPLER_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
@@ -35,7 +36,6 @@ from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 
 log = logging.getLogger(__name__)
 
-MAX_RATE_HZ = 1000.0
 WRITE_FAILED = "telemetry write failed"  # how a stop_reason begins when a sink could not write
 
 
