@@ -173,3 +173,14 @@ def test_summarize_refuses_all_with_quiet(tmp_path):
     res = runner.invoke(app, ["summarize", str(run), "--quiet"])
     assert res.exit_code == 0 and res.output.strip() == str(run / "summary.json"), res.output
 
+
+
+def test_report_refuses_force_without_out_and_an_empty_format_list(tmp_path):
+    from typer.testing import CliRunner
+
+    from powertrain.cli import app
+
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--force"])
+    assert res.exit_code == 2 and "--force applies to --out" in res.stderr
+    res = CliRunner().invoke(app, ["report", str(tmp_path), "--formats", ","])
+    assert res.exit_code == 2 and "--formats names no format" in res.stderr

@@ -49,12 +49,19 @@ def report(
     if bad:
         err.print(f"[red]error:[/] unknown figure format(s) {', '.join(bad)}; use png, svg, pdf")
         raise typer.Exit(2)
+    if not fmts:
+        err.print("[red]error:[/] --formats names no format: give png, svg or pdf (comma-separated)")
+        raise typer.Exit(2)
+    if force and output is None:  # the default folder PATH/report is rewritten anyway
+        err.print("[red]error:[/] --force applies to --out (replace an existing report folder there): add --out DIR, "
+                  "or drop --force")
+        raise typer.Exit(2)
     from powertrain.cli.summarize import skipped_exit
 
     damaged: list[str] = []
     try:
         with err.status(f"building the report of {path} …"):
-            html_path = build_report(path, output, fmts or ("png",), force=force, damaged=damaged)
+            html_path = build_report(path, output, fmts, force=force, damaged=damaged)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:  # DamagedRun, WriteRefused
         err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
