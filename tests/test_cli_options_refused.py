@@ -184,3 +184,21 @@ def test_report_refuses_force_without_out_and_an_empty_format_list(tmp_path):
     assert res.exit_code == 2 and "--force applies to --out" in res.stderr
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--formats", ","])
     assert res.exit_code == 2 and "--formats names no format" in res.stderr
+
+
+def test_a_posix_tz_path_reads_as_that_zone_file_and_a_bad_tz_is_named_as_the_source(monkeypatch):
+    import os
+
+    import pytest
+
+    from powertrain.importers.common import local_zone_name, resolve_zone
+
+    target = os.path.realpath("/etc/localtime")
+    if "zoneinfo/" not in target:
+        pytest.skip("this machine's /etc/localtime is not a zoneinfo file")
+    monkeypatch.setenv("TZ", ":/etc/localtime")
+    assert local_zone_name() == target.split("zoneinfo/", 1)[1]
+    monkeypatch.setenv("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")
+    with pytest.raises(ValueError, match=r"from \$TZ='CET-1CEST.*pass --tz, or set TZ to an IANA name"):
+        resolve_zone(None)
+    assert resolve_zone("UTC")[1] == "UTC"  # --tz wins over a bad $TZ

@@ -270,10 +270,12 @@ def _raw_capped(path: Path) -> io.BufferedReader:
 def local_zone_name() -> str:
     """The machine's time zone, as an IANA name where it can be found (else the abbreviation)."""
     tz = os.environ.get("TZ")
-    if tz:
+    if tz and not tz.lstrip(":").startswith("/"):
         return tz.lstrip(":")
+    # TZ=":/etc/localtime" (POSIX: a zone file's path) names a file like /etc/localtime itself
+    zone_file = tz.lstrip(":") if tz else "/etc/localtime"
     try:
-        link = os.readlink("/etc/localtime")
+        link = os.path.realpath(zone_file)
         if "zoneinfo/" in link:
             return link.split("zoneinfo/", 1)[1]
     except OSError:
@@ -289,6 +291,8 @@ def resolve_zone(name: str | None) -> tuple[dt.tzinfo, str]:
     import zoneinfo
 
     label = name or local_zone_name()
+    origin = "" if name else (f" (from $TZ={os.environ['TZ']!r}; pass --tz, or set TZ to an IANA name)"
+                              if os.environ.get("TZ") else " (this machine's zone; pass --tz)")
     if label.upper() in ("UTC", "Z", "GMT"):
         return dt.UTC, "UTC"
     if label[:1] in "+-" and ":" in label:
@@ -298,7 +302,8 @@ def resolve_zone(name: str | None) -> tuple[dt.tzinfo, str]:
     try:
         return zoneinfo.ZoneInfo(label), label
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown time zone {label!r}: use an IANA name like Europe/Berlin, UTC or +02:00") from exc
+        raise ValueError(f"unknown time zone {label!r}{origin}: use an IANA name like Europe/Berlin, UTC or "
+                         "+02:00") from exc
 
 
 def iso(t_ns: int | None) -> str | None:
