@@ -47,7 +47,7 @@ def predict_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Write each prediction as a run directory here.")] = None,
     study: Annotated[bool, typer.Option("--study", help="Predict the study's 32×H200 and 64×H100 matrices.")] = False,
     figure: Annotated[Path | None, typer.Option("--figure", help="With --study: write the cluster comparison (PNG+SVG) to this stem.")] = None,
-    hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable).")] = None,
+    hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable), added after $POWERTRAIN_HARDWARE's files; a later entry of the same name wins.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines (one object per line).")] = False,
     force: Annotated[bool, typer.Option("--force", help="With --out: replace earlier predictions there (never a "
                                                         "measured or imported run).")] = False,
@@ -105,10 +105,14 @@ def _check_options(spec: Path | None, study: bool, figure: Path | None, out_dir:
 
 
 def _use_hardware_files(hardware: list[Path]) -> None:
-    """Add user hardware YAML to the catalog (for this process and what it starts)."""
+    """Add user hardware YAML to the catalog (for this process and what it starts).
+
+    The files go after those already in $POWERTRAIN_HARDWARE, never instead of them: a site's entries stay,
+    and a --hardware entry of the same name wins, the order ``hardware.load_catalog`` documents."""
     import os
 
-    os.environ["POWERTRAIN_HARDWARE"] = ":".join(str(h) for h in hardware)
+    env = [p for p in os.environ.get("POWERTRAIN_HARDWARE", "").split(":") if p]
+    os.environ["POWERTRAIN_HARDWARE"] = ":".join([*env, *(str(h) for h in hardware)])
     from powertrain.hardware.catalog import _default_catalog
 
     _default_catalog.cache_clear()

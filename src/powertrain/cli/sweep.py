@@ -17,6 +17,7 @@ from rich.table import Table
 from powertrain.cli.plan import MAX_POINTS_HELP, fail, load_and_plan, nothing_valid, print_plan
 from powertrain.cli.root import app
 from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
+from powertrain.plan.planner import Plan
 from powertrain.plan.state import SweepLocked, SweepState
 from powertrain.plan.sweep_spec import SweepSpec
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS, control_char
@@ -62,7 +63,7 @@ def sweep_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="Continue a sweep in this folder; finished runs are kept.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: re-run failed and OOM runs.")] = False,
     only: Annotated[str | None, typer.Option("--only", help="Run only run ids matching this glob, e.g. '*tp2*'.")] = None,
-    interrupted: Annotated[str, typer.Option("--interrupted", help="With --resume: rerun or fail a run that was cut off.")] = "rerun",
+    interrupted: Annotated[str | None, typer.Option("--interrupted", help="With --resume: rerun (default) or fail a run that was cut off.")] = None,
     time_limit_min: Annotated[float | None, typer.Option("--time-limit", help="Minutes per run (default: the spec's).")] = None,
     max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
     allow_unapplied: Annotated[bool, typer.Option("--allow-unapplied", help="Passed to every run: a device control that cannot be set here is recorded as not applied instead of failing the run.")] = False,
@@ -87,9 +88,7 @@ def sweep_cmd(
     p = load_and_plan(spec, max_points)
     sweep_spec = p.spec
     _check_options(out, time_limit_min)
-    if interrupted not in ("rerun", "fail"):
-        err.print("[red]error:[/] --interrupted must be rerun or fail")
-        raise typer.Exit(2)
+    _check_resume_options(resume, retry_failed, interrupted)
     chosen = _backend(spec, sweep_spec, backend)
     folder = out or Path("results") / sweep_spec.name
     if chosen == "slurm":
@@ -100,10 +99,11 @@ def sweep_cmd(
     none = nothing_valid(p, spec)
     if none:  # nothing is created; the line names the first reason, `powertrain plan` shows them all
         fail(f"{none} (`powertrain plan` lists every run)", code=1)
+    _check_only(only, p)
     print_plan(p, console=err, show_all=False)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
-                        interrupted=interrupted, time_limit_s=time_limit_min * 60 if time_limit_min else None,
+                        interrupted=interrupted or "rerun", time_limit_s=time_limit_min * 60 if time_limit_min else None,
                         allow_unapplied=allow_unapplied)
     runner = SweepRunner(p, folder, opts, on_change=progress.update)
 
@@ -157,3 +157,25 @@ def _check_options(out: Path | None, time_limit_min: float | None) -> None:
         fail(f"--out: the results folder path holds {control_char(str(out))}; choose a path without one")
     if time_limit_min is not None and not (math.isfinite(time_limit_min) and 0 < time_limit_min <= 525_600):
         fail(f"--time-limit: {time_limit_min!r} is not a number of minutes between 0 and 525600 (a year)")
+
+
+def _check_resume_options(resume: bool, retry_failed: bool, interrupted: str | None) -> None:
+    """--retry-failed and --interrupted act on the runs of a sweep being resumed: alone they would do nothing."""
+    if interrupted is not None and interrupted not in ("rerun", "fail"):
+        fail(f"--interrupted: {interrupted!r} is not rerun or fail; give one of them")
+    given = [o for o, on in (("--retry-failed", retry_failed), ("--interrupted", interrupted is not None)) if on]
+    if given and not resume:
+        one = len(given) == 1
+        fail(f"{' and '.join(given)} appl{'ies' if one else 'y'} with --resume (to the runs of the sweep in --out): "
+             f"add --resume, or drop {'it' if one else 'them'}")
+
+
+def _check_only(only: str | None, p: Plan) -> None:
+    """--only that selects no run to launch would run nothing and exit 0 as if the sweep were done."""
+    if only is None:
+        return
+    ids = [r.id for r in p.to_launch]
+    if not any(fnmatch.fnmatch(i, only) for i in ids):
+        examples = ", ".join(ids[:2]) + (", …" if len(ids) > 2 else "")
+        fail(f"--only {only!r} matches none of the {len(ids)} run id(s) this sweep can launch ({examples}); "
+             "fix the glob (`powertrain plan SPEC` lists every run id)")

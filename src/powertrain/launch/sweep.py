@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from powertrain.plan.planner import Plan
-from powertrain.plan.state import FINISHED, SweepState, sweep_lock
+from powertrain.plan.state import FINISHED, SpecChanged, SweepState, sweep_lock
 from powertrain.spec.bounds import control_char
 from powertrain.spec.effective import as_single_run, sweep_protocol, unused_knobs
 from powertrain.spec.run import Protocol, RunConfig
@@ -296,7 +296,13 @@ class SweepRunner:
             raise SweepError(f"{self.folder} already holds runs of sweep {existing.data.get('name')!r}; "
                              "continue it with --resume (add --retry-failed to re-run failures), "
                              "or use another results folder")
-        state = SweepState.create_or_merge(self.folder, self.plan)
+        # the statuses _prepare runs again below: those runs may take an edited spec's configuration
+        rerun = [*(("failed", "oom") if self.opts.retry_failed else ()),
+                 *(("running",) if self.opts.interrupted == "rerun" else ())]
+        try:
+            state = SweepState.create_or_merge(self.folder, self.plan, rerun=rerun)
+        except SpecChanged as exc:
+            raise SweepError(str(exc)) from None
         for r in state.runs:
             if r.get("status") == "running":  # left by a sweep that was killed or interrupted
                 _close_orphaned_run(self.folder / r["id"])

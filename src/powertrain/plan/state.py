@@ -8,7 +8,8 @@ a crash at any moment leaves a readable state. Statuses of runs::
 
 On resume, a run found ``running`` was interrupted: it is re-run (its partial directory is moved to
 ``.attempts/``) or marked failed, as the user chooses. Finished runs are never re-run, so the final
-set of run directories is exactly the set of launched runs.
+set of run directories is exactly the set of launched runs. A resume whose spec gives a run it keeps
+another configuration than the one it ran with is refused (:class:`SpecChanged`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,44 @@ def sweep_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the flock
 
 
+class SpecChanged(RuntimeError):
+    """A finished run of the sweep on disk ran with another configuration than the spec now gives it."""
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _check_unchanged(folder: Path, plan: Plan, previous: dict[str, dict[str, Any]], rerun: Collection[str]) -> None:
+    """Refuse to merge an edited spec into a sweep whose kept runs ran with the old one.
+
+    Kept as they are, those runs would sit in sweep.json under the new configuration they never ran with,
+    and the sweep would compare runs that differ in more than its axes."""
+    changed = []
+    for pr in plan.runs:
+        prev = previous.get(pr.id)
+        if (pr.status != "planned" or pr.config is None or not prev or not isinstance(prev.get("config"), dict)
+                or prev.get("status") not in (*FINISHED, "running") or prev.get("status") in rerun):
+            continue
+        was, now = _flat(prev["config"]), _flat(pr.config.model_dump(mode="json"))
+        # only settings both record: one a newer powertrain added (at its default) is not an edit of the spec
+        diff = [k for k in was if k in now and was[k] != now[k]]
+        if diff:
+            changed.append((pr.id, diff[0], was[diff[0]], now[diff[0]]))
+    if changed:
+        rid, key, was_v, now_v = changed[0]
+        others = [c[0] for c in changed[1:]]
+        named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        more = f" ({named} differ{'s' if len(others) == 1 else ''} too)" if others else ""
+        raise SpecChanged(f"{folder / 'sweep.json'}: run {rid} ran with {key} {was_v!r}, the spec now says "
+                          f"{now_v!r}{more}; resume with the spec the sweep started with, or start a new --out")
+
+
 class SweepState:
     """The runs of one sweep folder and their statuses, persisted in ``sweep.json``."""
 
@@ -86,10 +125,15 @@ class SweepState:
         return cls(folder, read_json(path)) if path.is_file() else None
 
     @classmethod
-    def create_or_merge(cls, folder: Path, plan: Plan) -> SweepState:
-        """A state for ``plan``: new, or merged with the one on disk (statuses of known runs kept)."""
+    def create_or_merge(cls, folder: Path, plan: Plan, rerun: Collection[str] = ()) -> SweepState:
+        """A state for ``plan``: new, or merged with the one on disk (statuses of known runs kept).
+
+        ``rerun``: the statuses the caller runs again (``--retry-failed``, ``--interrupted rerun``). Every
+        other launched run stays as it ran, so its configuration must be the plan's: :class:`SpecChanged`
+        when not, raised before sweep.json is touched."""
         old = cls.load(folder)
         previous = {r["id"]: r for r in old.runs} if old else {}
+        _check_unchanged(folder, plan, previous, rerun)
         runs = []
         for pr in plan.runs:
             entry = pr.to_dict()
