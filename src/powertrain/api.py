@@ -51,14 +51,18 @@ from powertrain.store.tables import read_events, read_telemetry
 def begin_step(i: int, *, tokens: int | None = None, samples: int | None = None) -> StepHandle:
     """Open step ``i`` of this rank (where a ``with powertrain.step(i):`` block does not fit).
 
-    ``tokens`` / ``samples``: what this rank processes in the step. Close it with :func:`end_step`.
+    ``tokens`` / ``samples``: what this rank processes in the step, whole numbers >= 0 (``None``:
+    unknown; a bad value raises ``ValueError`` here). Close it with :func:`end_step`.
     """
     return hooks.begin_step(i, tokens=tokens, samples=samples)
 
 
-def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, **attrs: Any) -> None:
-    """Close the open step, with its loss, peak memory and any extra attributes (stored as JSON)."""
-    hooks.end_step(loss=loss, mem_peak_bytes=mem_peak_bytes, **attrs)
+def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, tokens: int | None = None,
+             samples: int | None = None, **attrs: Any) -> None:
+    """Close the open step, with its loss (a number: ``loss.item()``), peak memory in bytes, and any
+    extra attributes (stored as JSON). ``tokens`` / ``samples`` given here are the step's counts (they
+    replace those given to :func:`begin_step`), as in ``powertrain.step(i, tokens=…)``."""
+    hooks.end_step(loss=loss, mem_peak_bytes=mem_peak_bytes, tokens=tokens, samples=samples, **attrs)
 
 
 def set_window(window: str | None) -> None:

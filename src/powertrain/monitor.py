@@ -106,6 +106,17 @@ class Monitor:
             A window the loop sets itself (``powertrain.window`` / ``set_window``) takes precedence.
             Stored in ``run.json`` as ``warmup_steps``; it also applies to steps that the run's other
             processes record without a window (see ``docs/metrics.md``, "Window").
+        host: the host label of this node's telemetry (default: the short host name).
+        flush_s: seconds between crash-safe writes, a finite number > 0: a ``kill -9`` loses at
+            most about this much of the telemetry and of the steps this process marks. Default
+            (``None``): 1 s for the telemetry, ``$POWERTRAIN_EVENTS_FLUSH_S`` (else 1 s) for the steps.
+            The block's other processes (a command under ``powertrain monitor``) use
+            ``$POWERTRAIN_EVENTS_FLUSH_S``.
+        prometheus: ``[HOST:]PORT`` on which the sampler serves live readings for Prometheus
+            (loopback only unless ``$POWERTRAIN_PROMETHEUS_PUBLIC=1``; see ``docs/user-guide.md``).
+
+    A block that ends with an exception still ends the run: ``run.json`` gets ``status: failed`` and
+    the exception as ``reason``, and the sampler is stopped.
     """
 
     def __init__(
@@ -117,12 +128,14 @@ class Monitor:
         name: str | None = None,
         command: Sequence[str] | None = None,
         host: str | None = None,
-        flush_s: float = 1.0,
+        flush_s: float | None = None,
         prometheus: str | None = None,
         warmup_steps: int = 0,
     ) -> None:
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+        if flush_s is not None:  # > 0: the sampler would rewrite its segment at every sample with 0
+            flush_s = hooks.check_flush_s(flush_s, "flush_s", allow_zero=False)
         self.warmup_steps = warmup_steps
         self.run = RunDir(out)
         self.prometheus = prometheus
@@ -150,6 +163,10 @@ class Monitor:
                 f"{self.run.path} already holds a run (run.json exists); choose a new --out folder "
                 "or delete the old run"
             )
+        # The environment the markers read ($RANK, $POWERTRAIN_EVENTS_FLUSH_S) is refused before anything
+        # starts: a ValueError after the sampler started would leave it running and the run `running`.
+        events_flush_s = self.flush_s if self.flush_s is not None else hooks.env_flush_s()
+        rank = hooks.env_rank()
         made = [d for d in (self.run.path, self.run.telemetry_dir, self.run.events_dir, self.run.logs_dir)
                 if not d.exists()]
         try:
@@ -157,14 +174,15 @@ class Monitor:
             hold_space(reserve_path(self.run.path), RUN_RESERVE_BYTES)
             self._write_start()
             self._start_sampler()
-        except (OSError, MonitorError) as exc:
+            # This process's markers go to this run (the events file appears with the first step); a
+            # command run under the monitor gets the run directory through $POWERTRAIN_RUN_DIR instead.
+            self._hooks = hooks.bind(self.run.path, rank=rank, warmup_steps=self.warmup_steps,
+                                     flush_s=events_flush_s)
+        except BaseException as exc:  # Ctrl-C while the sampler comes up included: nothing is left running
             self._undo_start(made)
-            if isinstance(exc, MonitorError):
-                raise
-            raise MonitorError(f"{self.run.path}: cannot start the run ({exc}); nothing was left behind") from None
-        # This process's markers go to this run (the events file appears with the first step); a
-        # command run under the monitor gets the run directory through $POWERTRAIN_RUN_DIR instead.
-        self._hooks = hooks.bind(self.run.path, warmup_steps=self.warmup_steps)
+            if isinstance(exc, OSError):
+                raise MonitorError(f"{self.run.path}: cannot start the run ({exc}); nothing was left behind") from None
+            raise
         return self
 
     def _undo_start(self, made: list[Path]) -> None:
@@ -216,7 +234,7 @@ class Monitor:
         cmd = [
             sys.executable, "-m", "powertrain.sampler_process", str(self.run.path),
             "--rate", str(self.rate_hz), "--backends", self.backends, "--host", self.host,
-            "--flush", str(self.flush_s), "--watch-pid", str(os.getpid()),
+            "--flush", str(self.flush_s if self.flush_s is not None else 1.0), "--watch-pid", str(os.getpid()),
         ]
         if self.prometheus:
             cmd += ["--prometheus", self.prometheus]
@@ -295,8 +313,19 @@ class Monitor:
             self._log = None
 
     def stop(self, status: str = "ok", reason: str | None = None, exit_code: int | None = None) -> dict[str, Any]:
-        """Stop sampling and record how the run ended; a dead sampler turns ``ok`` into ``failed``."""
-        self._unbind_hooks()
+        """Stop sampling and record how the run ended; a dead sampler turns ``ok`` into ``failed``.
+
+        If this process's events file cannot be closed, the sampler is still stopped and ``run.json``
+        still finished (``failed``, with the error), then the error is raised.
+        """
+        error: BaseException | None = None
+        try:
+            self._unbind_hooks()
+        except BaseException as exc:  # the run must still end with a status and a stopped sampler
+            error = exc
+            note = f"this process's step events could not be closed: {type(exc).__name__}: {exc}"
+            reason = f"{reason}; {note}" if reason else note
+            status = "failed"
         self._stop_sampler()
         if self.sampler_death is None and (stopped := self._sampler_stop_reason()):
             self.sampler_death = f"telemetry sampling stopped early: {stopped}"
@@ -305,7 +334,10 @@ class Monitor:
             death = f"{self.sampler_death}; telemetry kept up to {last}"
             reason = f"{reason}; {death}" if reason else death
             status = "failed"
-        return self._finish(status, reason, exit_code)
+        info = self._finish(status, reason, exit_code)
+        if error is not None:
+            raise error
+        return info
 
     def _unbind_hooks(self) -> None:
         """Close this process's events file (so ``load`` / ``summary`` right after the block see every

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from powertrain.diagnostics import show_on_stderr
+from powertrain.hooks.recorder import check_flush_s
 from powertrain.store.rundir import RunDir, default_host, set_file_mode
 from powertrain.telemetry.backend import BackendUnavailable
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
@@ -38,13 +39,21 @@ from powertrain.telemetry.sampler import Sampler, SampleSink, TelemetryFile
 log = logging.getLogger("powertrain.sampler_process")
 
 
+def _seconds(text: str) -> float:
+    """``--flush``: finite and > 0 (NaN would never flush: the telemetry would reach disk only at stop)."""
+    try:
+        return check_flush_s(text, "--flush", allow_zero=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m powertrain.sampler_process", description=__doc__)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--rate", type=float, default=DEFAULT_RATE_HZ, help="samples per second (default 20)")
     p.add_argument("--backends", default="auto", help="auto, or a comma list of nvidia,amd,host")
     p.add_argument("--host", default=None, help="host label (default: short host name)")
-    p.add_argument("--flush", type=float, default=1.0, help="seconds between crash-safe flushes")
+    p.add_argument("--flush", type=_seconds, default=1.0, help="seconds between crash-safe flushes (> 0)")
     p.add_argument("--watch-pid", type=int, default=None,
                    help="the starting process's pid: stop when it is no longer our parent (it died)")
     p.add_argument("--prometheus", default=None, metavar="[HOST:]PORT",

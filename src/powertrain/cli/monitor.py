@@ -84,7 +84,8 @@ def monitor(
         "--parse", help="Turn the command's printed step lines into step events, live: megatron, "
                         "torchtitan or nemo (for engines you cannot edit).")] = None,
     seq_len: Annotated[int | None, typer.Option(
-        "--seq-len", help="With --parse: tokens per sample, to count tokens (logs do not print it).")] = None,
+        "--seq-len", min=1,
+        help="With --parse: tokens per sample (>= 1), to count tokens (logs do not print it).")] = None,
     warmup_steps: Annotated[int | None, typer.Option(
         "--warmup-steps", min=0,
         help="Leading steps of each rank that are warm-up, excluded from metrics: steps the command marks "

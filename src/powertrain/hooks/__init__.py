@@ -21,7 +21,10 @@ is in (:func:`bind`), or ``$POWERTRAIN_RUN_DIR`` (set by ``powertrain run`` / ``
 command's processes); the rank comes from ``$RANK``. Without a run directory every call is a cheap
 no-op and a single notice says so. Rows follow :data:`powertrain.schema.EVENTS_SCHEMA` (times are
 ``CLOCK_REALTIME`` ns, the sampler's clock) and are streamed crash-safely: a killed rank keeps
-everything up to about one second before the kill.
+everything up to about one second before the kill (``$POWERTRAIN_EVENTS_FLUSH_S`` seconds, or a
+``Monitor``'s ``flush_s``). Values are checked when given: ``tokens`` / ``samples`` /
+``mem_peak_bytes`` are whole numbers >= 0 or ``None``, ``loss`` a number (``loss.item()``), and a
+bad one raises ``ValueError`` naming it on the line that gave it.
 
 ``window`` (``warmup`` / ``measured`` / null) marks the measurement protocol's windows; metrics use
 measured steps. Set it with :func:`set_window` or a ``with hooks.window("warmup"):`` block. Inside a
@@ -40,6 +43,8 @@ from powertrain.hooks.markers import (
     close,
     configure,
     end_step,
+    env_flush_s,
+    env_rank,
     get,
     phase,
     set_window,
@@ -48,7 +53,8 @@ from powertrain.hooks.markers import (
     unbind,
     window,
 )
-from powertrain.hooks.recorder import WINDOWS, Recorder, StepHandle
+from powertrain.hooks.recorder import WINDOWS, Recorder, StepHandle, check_flush_s
 
-__all__ = ["FLUSH_ENV", "RUN_DIR_ENV", "WINDOWS", "Binding", "Recorder", "StepHandle", "begin_step", "bind", "close",
-           "configure", "end_step", "get", "phase", "set_window", "step", "sync_device_in_use", "unbind", "window"]
+__all__ = ["FLUSH_ENV", "RUN_DIR_ENV", "WINDOWS", "Binding", "Recorder", "StepHandle", "begin_step", "bind",
+           "check_flush_s", "close", "configure", "end_step", "env_flush_s", "env_rank", "get", "phase", "set_window",
+           "step", "sync_device_in_use", "unbind", "window"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powertrain.hooks.recorder import Recorder, StepHandle
+from powertrain.hooks.recorder import Recorder, StepHandle, check_flush_s
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +24,41 @@ FLUSH_ENV = "POWERTRAIN_EVENTS_FLUSH_S"
 _recorder: Recorder | None = None
 
 
+def env_flush_s() -> float:
+    """``$POWERTRAIN_EVENTS_FLUSH_S``: seconds between crash-safe rewrites of the events file, a finite
+    number >= 0 (0: after every row); unset or empty: 1."""
+    text = os.environ.get(FLUSH_ENV, "").strip()
+    if not text:
+        return 1.0
+    return check_flush_s(text, FLUSH_ENV, fix="; fix or unset it")
+
+
+def env_rank() -> int:
+    """``$RANK`` (set by torchrun, srun wrappers, ``powertrain run``): a whole number >= 0; unset or empty: 0."""
+    text = os.environ.get("RANK", "").strip()
+    if not text:
+        return 0
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        # the rank names this process's events file (events/rank-<r>.parquet): a bad one must not be guessed
+        raise ValueError(f"RANK={text!r} is not a rank (a whole number >= 0, as torchrun sets it); fix or unset it")
+    return rank
+
+
 def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = None, *,
               sync: Callable[[], None] | None = None, flush_s: float | None = None) -> Recorder:
     """(Re)create the process-wide recorder; defaults come from ``$POWERTRAIN_RUN_DIR``, ``$RANK``
     and ``$POWERTRAIN_EVENTS_FLUSH_S`` (seconds between crash-safe rewrites, default 1)."""
     global _recorder
-    if flush_s is None:
-        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
+    # the environment is read (and refused) before the recorder in place is closed
+    flush_s = env_flush_s() if flush_s is None else flush_s
+    rank = rank if rank is not None else env_rank()
     if _recorder is not None:
         _recorder.close()
     run_dir = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV) or None
-    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
     _recorder = Recorder(run_dir, rank, sync=sync, flush_s=flush_s)
     if run_dir is None:
         log.warning("powertrain.hooks: $%s is not set, step markers are not recorded "
@@ -68,12 +92,12 @@ def bind(run_dir: str | os.PathLike[str], *, rank: int | None = None, warmup_ste
 
     Steps get automatic windows (the first ``warmup_steps`` ``warmup``, then ``measured``) unless the
     loop sets one; the events file is opened on the first row only, so a process that marks nothing
-    leaves none. ``rank`` defaults to ``$RANK`` (else 0).
+    leaves none. ``rank`` defaults to ``$RANK`` (else 0), ``flush_s`` (seconds between crash-safe
+    rewrites of the events file) to ``$POWERTRAIN_EVENTS_FLUSH_S`` (else 1).
     """
     global _recorder
-    if flush_s is None:
-        flush_s = float(os.environ.get(FLUSH_ENV, "1.0"))
-    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    flush_s = env_flush_s() if flush_s is None else flush_s
+    rank = rank if rank is not None else env_rank()
     rec = Recorder(run_dir, rank, sync=sync, flush_s=flush_s, warmup_steps=warmup_steps, lazy=True)
     binding = Binding(rec, _recorder)
     _recorder = rec
@@ -88,12 +112,14 @@ def unbind(binding: Binding) -> Path | None:
     :func:`configure`), that one stays in place.
     """
     global _recorder
-    path = binding.recorder.close()
-    if _recorder is binding.recorder:
-        previous = binding.previous
-        # a recorder closed meanwhile (nested binds ended out of order) would drop markers silently
-        _recorder = previous if previous is not None and not previous.closed else None
-    return path
+    try:
+        return binding.recorder.close()
+    finally:
+        # even when closing failed (a full disk): later markers must not go to the closed recorder
+        if _recorder is binding.recorder:
+            previous = binding.previous
+            # a recorder closed meanwhile (nested binds ended out of order) would drop markers silently
+            _recorder = previous if previous is not None and not previous.closed else None
 
 
 def get() -> Recorder:
@@ -102,7 +128,10 @@ def get() -> Recorder:
 
 
 def step(i: int, *, tokens: int | None = None, samples: int | None = None) -> Any:
-    """``with hooks.step(i, tokens=…, samples=…) as s: …`` — one training step (set ``s.loss``)."""
+    """``with hooks.step(i, tokens=…, samples=…) as s: …`` — one training step (set ``s.loss``).
+
+    ``tokens`` / ``samples`` (and ``s.mem_peak_bytes``) are whole numbers >= 0 or ``None`` (unknown);
+    ``s.loss`` a number (``loss.item()``, not a tensor). A bad value raises ``ValueError`` at once."""
     return get().step(i, tokens=tokens, samples=samples)
 
 
@@ -110,8 +139,9 @@ def begin_step(i: int, *, tokens: int | None = None, samples: int | None = None)
     return get().begin_step(i, tokens=tokens, samples=samples)
 
 
-def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, **attrs: Any) -> None:
-    get().end_step(loss=loss, mem_peak_bytes=mem_peak_bytes, **attrs)
+def end_step(*, loss: float | None = None, mem_peak_bytes: int | None = None, tokens: int | None = None,
+             samples: int | None = None, **attrs: Any) -> None:
+    get().end_step(loss=loss, mem_peak_bytes=mem_peak_bytes, tokens=tokens, samples=samples, **attrs)
 
 
 def phase(kind: str, name: str | None = None, *, microbatch: int | None = None, **attrs: Any) -> Any:

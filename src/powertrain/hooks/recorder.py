@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -23,10 +25,113 @@ log = logging.getLogger(__name__)
 
 WINDOWS = ("warmup", "measured", None)
 
+# Columns a caller fills. They are checked when given, not when the row is written: a row is written
+# up to a second later, inside whatever flushes, and a bad value there fails far from its cause (the
+# error once surfaced at the Monitor's exit and left the run `running`).
+COUNT_COLUMNS = ("tokens", "samples", "mem_peak_bytes")
+
+
+def _show(value: Any) -> str:
+    """``value`` for a one-line message: its repr's first line, cut short, and its type."""
+    text = (repr(value).splitlines() or [""])[0]
+    text = text if len(text) <= 60 else text[:57] + "..."
+    cls = type(value)
+    kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return f"{text} ({kind})"
+
+
+def _fix(name: str, value: Any, default: str) -> str:
+    """The fix for the usual mistakes: a framework scalar (torch / jax / numpy array) passed as is."""
+    if hasattr(value, "item") and hasattr(value, "shape"):
+        return f"call .item() on it to pass a Python number ({name}=x.item())"
+    return default
+
+
+def check_count(name: str, value: Any) -> int | None:
+    """``tokens`` / ``samples`` / ``mem_peak_bytes``: ``None`` (unknown) or a whole number >= 0.
+
+    A whole float (``4096.0``, e.g. from a division) is taken as that int; a fractional one is refused
+    rather than truncated (4096.9 tokens means the caller computed something else), and so is NaN:
+    an unknown count is ``None``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, float) and math.isnan(value):
+            fix = "pass None when the count is unknown"
+        elif isinstance(value, float):
+            fix = f"a count is whole: pass round({name}) or int({name}) if that is what is meant"
+        else:
+            fix = _fix(name, value, f"pass an int, e.g. int({name})")
+        raise ValueError(f"{name} must be a whole number >= 0, or None when unknown; got {_show(value)}: {fix}")
+    if value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, or None when unknown; got {value}: "
+                         "a count or a size cannot be negative, check how it is computed")
+    return int(value)
+
+
+def check_loss(value: Any) -> float | None:
+    """``loss``: ``None`` or a real number. NaN and inf are kept: a diverged loss is what was measured."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fix = _fix("loss", value, "pass float(loss)")
+        raise ValueError(f"loss must be a number, or None when unknown; got {_show(value)}: {fix}")
+    return float(value)
+
+
+def check_int(name: str, value: Any) -> int | None:
+    """``step`` / ``microbatch``: ``None`` or a whole number (an int, not a string or a float)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number; got {_show(value)}: "
+                         f"{_fix(name, value, f'pass an int, e.g. int({name})')}")
+    return int(value)
+
+
+def check_flush_s(value: Any, name: str = "flush_s", *, allow_zero: bool = True, fix: str = "") -> float:
+    """Seconds between crash-safe rewrites: finite, > 0 (or >= 0 with ``allow_zero``: every row).
+
+    NaN must be refused: the writer flushes when ``elapsed >= flush_s``, never true for NaN, so a NaN
+    would silently turn off the crash-safe writes.
+    """
+    low = ">= 0" if allow_zero else "> 0"
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name}={value!r} is not a number of seconds {low} (seconds between crash-safe writes, "
+                         f"e.g. 1 or 0.5; default 1){fix}")
+    return seconds
+
+
+def check_columns(cols: dict[str, Any]) -> dict[str, Any]:
+    """``cols`` with the caller-filled columns it holds checked (and numpy scalars made Python ones)."""
+    out = dict(cols)
+    for name in COUNT_COLUMNS:
+        if name in out:
+            out[name] = check_count(name, out[name])
+    for name in ("step", "microbatch"):
+        if name in out:
+            out[name] = check_int(name, out[name])
+    if "loss" in out:
+        out["loss"] = check_loss(out["loss"])
+    if out.get("name") is not None and not isinstance(out["name"], str):
+        raise ValueError(f"name must be a string or None; got {_show(out['name'])}: pass str(name)")
+    return out
+
 
 @dataclass
 class StepHandle:
-    """What a ``with hooks.step(...)`` block may fill in before it ends."""
+    """What a ``with hooks.step(...)`` block may fill in before it ends.
+
+    Every field is checked as it is set (``s.loss = loss`` with a tensor is refused on that line,
+    naming ``.item()``), so the row written at the end of the step cannot fail.
+    """
 
     step: int
     tokens: int | None = None
@@ -35,6 +140,17 @@ class StepHandle:
     mem_peak_bytes: int | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
     t_start_ns: int = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in COUNT_COLUMNS:
+            value = check_count(name, value)
+        elif name == "loss":
+            value = check_loss(value)
+        elif name == "step":
+            value = check_int("step", value)
+            if value is None:
+                raise ValueError("step must be a whole number (the step's index), got None")
+        super().__setattr__(name, value)
 
 
 class Recorder:
@@ -67,7 +183,7 @@ class Recorder:
         self._explicit_window = False
         self._steps_begun = 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self._flush_s = flush_s
+        self._flush_s = check_flush_s(flush_s)
         self._closed = self.run_dir is None
         self._writer: StreamingTableWriter | None = None
         if self.run_dir is not None and not lazy:
@@ -132,7 +248,12 @@ class Recorder:
         return handle
 
     def end_step(self, *, loss: float | None = None, mem_peak_bytes: int | None = None,
-                 **attrs: Any) -> None:
+                 tokens: int | None = None, samples: int | None = None, **attrs: Any) -> None:
+        """Close the open step. ``loss``, ``mem_peak_bytes``, ``tokens`` and ``samples`` fill the step's
+        columns (given here, they replace what ``begin_step`` or the handle set); the rest of
+        ``attrs`` is stored as JSON."""
+        # checked first, even when disabled: a bad value is the caller's bug whether or not a run records it
+        cols = check_columns({"loss": loss, "mem_peak_bytes": mem_peak_bytes, "tokens": tokens, "samples": samples})
         if not self.enabled:
             return
         h = self._step
@@ -141,10 +262,10 @@ class Recorder:
         t_end = self._now()
         self._step = None
         h.attrs.update(attrs)
+        given = {k: v for k, v in cols.items() if v is not None}
         self._append(kind="step", name=None, step=h.step, t_start_ns=h.t_start_ns, t_end_ns=t_end,
-                     tokens=h.tokens, samples=h.samples,
-                     loss=loss if loss is not None else h.loss,
-                     mem_peak_bytes=mem_peak_bytes if mem_peak_bytes is not None else h.mem_peak_bytes,
+                     **{"tokens": h.tokens, "samples": h.samples, "loss": h.loss, "mem_peak_bytes": h.mem_peak_bytes,
+                        **given},
                      attrs=h.attrs)
         writer = self._open_writer()
         if writer.rows_written == 0:  # first step: put something on disk at once
@@ -171,14 +292,16 @@ class Recorder:
             return
         if kind not in EVENT_KINDS:
             raise ValueError(f"event kind must be one of {EVENT_KINDS}, got {kind!r}")
-        self._open.append((kind, name, microbatch, self._now(), attrs))
+        checked = check_columns({"name": name, "microbatch": microbatch})
+        self._open.append((kind, name, checked["microbatch"], self._now(), attrs))
 
     def end(self, **fields: Any) -> None:
         """Close the innermost open interval (``fields``: tokens, samples, loss, or extra attrs)."""
         if not self.enabled:
             return
+        cols = check_columns({k: fields.pop(k) for k in ("tokens", "samples", "loss", "mem_peak_bytes")
+                              if k in fields})
         kind, name, mb, t0, attrs = self._open.pop()
-        cols = {k: fields.pop(k) for k in ("tokens", "samples", "loss", "mem_peak_bytes") if k in fields}
         attrs.update(fields)
         self._append(kind=kind, name=name, step=self._step.step if self._step else None, t_start_ns=t0,
                      t_end_ns=self._now(), microbatch=mb, attrs=attrs, **cols)
@@ -196,11 +319,15 @@ class Recorder:
         """Add an interval measured elsewhere (e.g. a communication timed by the caller)."""
         if not self.enabled:
             return
+        fields = check_columns(fields)
+        for name, t in (("t_start_ns", t_start_ns), ("t_end_ns", t_end_ns)):
+            if check_int(name, t) is None:
+                raise ValueError(f"{name} must be a whole number of nanoseconds (time.time_ns()), got None")
         if kind == "step":
             self._next_step_window()
         attrs = fields.pop("attrs", {})
         self._append(kind=kind, step=fields.pop("step", self._step.step if self._step else None),
-                     t_start_ns=t_start_ns, t_end_ns=t_end_ns, attrs=attrs, **fields)
+                     t_start_ns=int(t_start_ns), t_end_ns=int(t_end_ns), attrs=attrs, **fields)
 
     def _append(self, *, kind: str, t_start_ns: int, t_end_ns: int, attrs: dict[str, Any] | None = None,
                 **cols: Any) -> None:

@@ -69,6 +69,10 @@ class LiveStepParser:
                  clock: Callable[[], int] = time.time_ns) -> None:
         if engine not in ENGINES:
             raise ValueError(f"--parse: unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        # a negative one gave negative tokens/s; 0 a null with a reason that hid the cause
+        if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+            raise ValueError(f"--seq-len must be a whole number of tokens per sample >= 1, got {seq_len!r}; "
+                             "give the model's sequence length, or leave it out (tokens stay unknown)")
         self.engine = engine
         self.run_dir = Path(run_dir)
         self.seq_len = seq_len
