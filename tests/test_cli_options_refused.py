@@ -175,15 +175,13 @@ def test_summarize_refuses_all_with_quiet(tmp_path):
 
 
 
-def test_report_refuses_force_without_out_and_an_empty_format_list(tmp_path):
+def test_report_refuses_force_without_out(tmp_path):
     from typer.testing import CliRunner
 
     from powertrain.cli import app
 
     res = CliRunner().invoke(app, ["report", str(tmp_path), "--force"])
     assert res.exit_code == 2 and "--force applies to --out" in res.stderr
-    res = CliRunner().invoke(app, ["report", str(tmp_path), "--formats", ","])
-    assert res.exit_code == 2 and "--formats names no format" in res.stderr
 
 
 def test_a_posix_tz_path_reads_as_that_zone_file_and_a_bad_tz_is_named_as_the_source(monkeypatch):

@@ -36,6 +36,15 @@ def test_run_report_is_self_contained_with_all_formats(tmp_path):
     assert "SYNTHETIC" in html and "Data quality" in html
 
 
+def test_an_empty_formats_list_writes_the_page_and_no_figure_files(tmp_path):
+    """`--formats ""` used to mean png quietly; it means what it says: the page (its figures embedded) only."""
+    run = synthetic.write_run(tmp_path / "run", hosts=1, devices_per_host=1, steps=3)
+    result = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "out"), "--formats", ""])
+    assert result.exit_code == 0, result.output
+    assert _images((tmp_path / "out" / "report.html").read_text())
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.suffix in (".png", ".svg", ".pdf")]
+
+
 def test_cpu_run_states_what_is_not_measured(tmp_path):
     run = synthetic.write_run(tmp_path / "cpu", hosts=1, devices_per_host=1, kind="cpu", device_type="cpu",
                               fields=["cpu_util_pct", "cgroup_mem_bytes"], steps=2)

@@ -19,7 +19,8 @@ def report(
     path: Annotated[Path, typer.Argument(help="A run directory (with run.json) or a sweep folder of runs.")],
     output: Annotated[Path | None, typer.Option("-o", "--out", help="Output folder (default: PATH/report).")] = None,
     formats: Annotated[str, typer.Option("--formats", help="Figure files to write besides the HTML: "
-                                                           "comma list of png, svg, pdf.")] = "png,svg,pdf",
+                                                           "comma list of png, svg, pdf; empty: none (the HTML "
+                                                           "embeds its figures either way).")] = "png,svg,pdf",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing report folder given with --out "
                                                         "(never anything else).")] = False,
 ) -> None:
@@ -48,9 +49,6 @@ def report(
     bad = [f for f in fmts if f not in ("png", "svg", "pdf")]
     if bad:
         err.print(f"[red]error:[/] unknown figure format(s) {', '.join(bad)}; use png, svg, pdf")
-        raise typer.Exit(2)
-    if not fmts:
-        err.print("[red]error:[/] --formats names no format: give png, svg or pdf (comma-separated)")
         raise typer.Exit(2)
     if force and output is None:  # the default folder PATH/report is rewritten anyway
         err.print("[red]error:[/] --force applies to --out (replace an existing report folder there): add --out DIR, "
