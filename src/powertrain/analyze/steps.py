@@ -16,6 +16,12 @@ Definitions:
   value) and replicas add up; without coordinates every rank counts;
 * **straggler spread of step s**: (slowest − fastest rank duration) / median rank duration × 100.
 
+A step number a rank records more than once (a loop whose index restarts every epoch: ``for i, batch
+in enumerate(loader)`` inside an epoch loop) is **kept, not merged**: each event is a step of its own,
+the k-th event of a step number on a rank (by start time) lining up with the k-th of that number on
+every other rank. The steps then run in the order (repeat, step number), ``StepData.steps`` holds the
+number once per repeat, and ``summary.json`` ``data_quality.repeated_steps`` and a note say so.
+
 Before any of this, step events that cannot be a step are **dropped and counted**
 (:func:`screen_steps`): a duration (``t_end_ns − t_start_ns``) that is negative, zero, not finite
 (a missing stamp) or longer than :data:`MAX_STEP_S` (a stamp from another clock or a corrupted
@@ -90,7 +96,7 @@ def dropped_steps_note(dropped: dict[str, Any]) -> str | None:
 class StepData:
     """The measured steps of a run, as numpy arrays and per-rank tables."""
 
-    steps: np.ndarray  # step indices, ascending
+    steps: np.ndarray  # step numbers, in the order (repeat, number): a number repeats only if a rank reused it
     step_time_s: np.ndarray  # per step
     tokens: np.ndarray  # per step (nan where unknown)
     samples: np.ndarray
@@ -105,6 +111,8 @@ class StepData:
     window_rule: str | None = None
     # step events dropped before any metric (see screen_steps)
     dropped: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": {}, "first": None})
+    # step events whose number the rank had used before (see repeated_steps)
+    repeated: dict[str, Any] = field(default_factory=lambda: dict(NO_REPEATS))
 
     @property
     def n(self) -> int:
@@ -129,6 +137,11 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
         return None
     events, dropped = screen_steps(events)
     all_steps = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.invert(pc.is_null(events["step"]))))
+    # the k-th event of a step number on its rank, over all its step events (warm-up included), so a
+    # repeat keeps its place whichever of its events the window takes
+    repeat = _ordinal(all_steps, by_step=True)
+    repeated = repeated_steps(all_steps, repeat)
+    all_steps = all_steps.append_column("_repeat", pa.array(repeat, pa.int64()))
     rule: str | None = None
     if all_steps.num_rows and all_steps["window"].null_count == all_steps.num_rows:
         steps_t = _after_warmup(all_steps, warmup_steps)
@@ -146,9 +159,12 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
     tok = pc.cast(steps_t["tokens"], pa.float64()).to_numpy(zero_copy_only=False)  # nulls → nan
     smp = pc.cast(steps_t["samples"], pa.float64()).to_numpy(zero_copy_only=False)
     ranks_arr, ri = np.unique(rank, return_inverse=True)
-    uniq, si = np.unique(step, return_inverse=True)
+    # one column per (repeat, step number): a reused number is a step of its own, never overwritten
+    slots, si = np.unique(np.stack([steps_t["_repeat"].to_numpy(), step.astype(np.int64)], axis=1),
+                          axis=0, return_inverse=True)
+    si = si.reshape(-1)
     ranks = [int(r) for r in ranks_arr]
-    uniq = uniq.astype(np.int64)
+    uniq = slots[:, 1].astype(np.int64)
     dur = np.full((len(ranks), len(uniq)), np.nan)
     toks = np.full((len(ranks), len(uniq)), np.nan)
     smps = np.full((len(ranks), len(uniq)), np.nan)
@@ -167,13 +183,64 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
             spread = (np.nanmax(dur, axis=0) - np.nanmin(dur, axis=0)) / med * 100
         else:
             spread = np.full(len(uniq), np.nan)
-    phases = self_phases(events, set(uniq.tolist()))
+    # a reused step number's warm-up events are not the measured ones: phases inside the window only
+    in_window = pc.and_(pc.greater_equal(events["t_start_ns"], int(t0.min())), pc.less_equal(events["t_end_ns"], int(t1.max())))
+    phases = self_phases(events.filter(pc.fill_null(in_window, False)), set(uniq.tolist()))
     return StepData(
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
         rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
-        window_rule=rule, dropped=dropped,
+        window_rule=rule, dropped=dropped, repeated=repeated,
     )
+
+
+NO_REPEATS: dict[str, Any] = {"count": 0, "ranks": [], "first": None}
+
+
+def _ordinal(steps_t: pa.Table, *, by_step: bool) -> np.ndarray:
+    """Each event's position (0, 1, …) by start time among the events of its rank (``by_step``: of its
+    rank and step number)."""
+    rank = steps_t["rank"].to_numpy(zero_copy_only=False)
+    keys = [steps_t["t_start_ns"].to_numpy(zero_copy_only=False)]
+    group = [rank]
+    if by_step:
+        group = [steps_t["step"].to_numpy(zero_copy_only=False), rank]
+    order = np.lexsort((*keys, *group))
+    n = len(order)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    new_group = np.zeros(n, dtype=bool)
+    new_group[0] = True
+    for g in group:
+        new_group[1:] |= g[order][1:] != g[order][:-1]
+    first = np.flatnonzero(new_group)
+    run_start = np.repeat(first, np.diff(np.r_[first, n]))
+    ordinal = np.empty(n, dtype=np.int64)
+    ordinal[order] = np.arange(n) - run_start
+    return ordinal
+
+
+def repeated_steps(all_steps: pa.Table, repeat: np.ndarray) -> dict[str, Any]:
+    """The step events whose number their rank had already used: ``{"count", "ranks", "first"}``
+    (``first`` names the earliest such event)."""
+    again = repeat > 0
+    if not again.any():
+        return dict(NO_REPEATS)
+    rank = all_steps["rank"].to_numpy(zero_copy_only=False)
+    t0 = all_steps["t_start_ns"].to_numpy(zero_copy_only=False)
+    i = int(np.flatnonzero(again)[np.argmin(t0[again])])
+    return {"count": int(again.sum()), "ranks": sorted({int(r) for r in rank[again]}),
+            "first": f"rank {int(rank[i])} step {all_steps['step'][i].as_py()} (event {int(repeat[i]) + 1} of that number)"}
+
+
+def repeated_steps_note(repeated: dict[str, Any]) -> str | None:
+    """One note for the summary when a rank reused step numbers (see :func:`measured_steps`)."""
+    if not repeated.get("count"):
+        return None
+    return (f"{repeated['count']} step event(s) reuse a step number their rank had already recorded (first: "
+            f"{repeated['first']}), as a loop whose index restarts every epoch does: each counts as a step of its "
+            "own, in the order (repeat, number); number steps with a counter that keeps increasing so that each "
+            "step has one number; data_quality.repeated_steps")
 
 
 def _after_warmup(steps_t: pa.Table, warmup_steps: int) -> pa.Table:
@@ -181,14 +248,7 @@ def _after_warmup(steps_t: pa.Table, warmup_steps: int) -> pa.Table:
     order in which a recorder's automatic windows count them)."""
     if warmup_steps == 0:
         return steps_t
-    rank = steps_t["rank"].to_numpy(zero_copy_only=False)
-    order = np.lexsort((steps_t["t_start_ns"].to_numpy(zero_copy_only=False), rank))
-    sorted_rank = rank[order]
-    first_of_rank = np.r_[0, np.flatnonzero(np.diff(sorted_rank)) + 1]
-    run_start = np.repeat(first_of_rank, np.diff(np.r_[first_of_rank, len(order)]))
-    ordinal = np.empty(len(order), dtype=np.int64)
-    ordinal[order] = np.arange(len(order)) - run_start  # position of each event within its rank
-    return steps_t.filter(pa.array(ordinal >= warmup_steps))
+    return steps_t.filter(pa.array(_ordinal(steps_t, by_step=False) >= warmup_steps))
 
 
 def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list[Any]:

@@ -165,7 +165,11 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         "phases": ctx.sd.phases if ctx.sd is not None else [],
         "profiles": overlap.profiles,
         "data_quality": {**views.data_quality(ctx.info, ctx.dev_stats, ctx.window_s),
-                         "dropped_steps": steps.screen_steps(ctx.events)[1]},  # impossible step events
+                         "dropped_steps": steps.screen_steps(ctx.events)[1],  # impossible step events
+                         # step numbers a rank used more than once (each kept as a step of its own)
+                         "repeated_steps": ctx.sd.repeated if ctx.sd is not None else dict(steps.NO_REPEATS),
+                         # which sampled devices the run-level metrics count, and why (families.context)
+                         "device_selection": {k: v for k, v in ctx.selection.items() if k != "note"}},
         "notes": notes,
     }
     if power.per_step_why:

@@ -27,7 +27,7 @@ Definitions (all over the window ``[w0, w1]``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,23 +192,27 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
 
 
 def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",
-                       name: str = "tel") -> pa.Table:
+                       name: str = "tel", devices: Sequence[tuple[Any, Any]] | None = None) -> pa.Table:
     """:func:`device_mean_chunks` as one table (for short windows and tests: it has a row per bucket)."""
-    parts = list(device_mean_chunks(con, w0, w1, bucket_ns, field, name))
+    parts = list(device_mean_chunks(con, w0, w1, bucket_ns, field, name, devices))
     return pa.concat_tables(parts) if parts else con.sql(
         "SELECT 0::BIGINT AS t_ns, 0::DOUBLE AS mean, 0::DOUBLE AS total, 0::BIGINT AS n LIMIT 0").to_arrow_table()
 
 
 def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",
-                       name: str = "tel") -> Iterator[pa.Table]:
+                       name: str = "tel", devices: Sequence[tuple[Any, Any]] | None = None) -> Iterator[pa.Table]:
     """Per time bucket (one sample period): the mean and the sum of ``field`` over the samples in it,
     and how many samples that was. With one sample per device per period (the sampler's design),
     ``total`` is the cluster sum when ``n`` equals the number of devices. Columns ``t_ns, mean, total, n``.
     The sums run in (host, device, time) order, so they are the same to the last digit on every call
     (DuckDB's parallel sums otherwise add rows from several files in varying order). The buckets come
     a span of about ``SERIES_CHUNK_ROWS`` rows at a time (each bucket wholly in one span), in time
-    order, so neither the ordered sums nor the caller hold more than that many rows, however long the run."""
-    rows = con.execute(f"SELECT count({field}) FROM {name} WHERE t_ns BETWEEN {w0} AND {w1}").fetchall()[0][0]
+    order, so neither the ordered sums nor the caller hold more than that many rows, however long the run.
+    ``devices`` ((host, device) pairs) limits it to those devices; None: every device."""
+    only, args = ("", []) if devices is None else (" AND list_contains(?, [host, device])",
+                                                   [[list(k) for k in sorted(devices)]])
+    rows = con.execute(f"SELECT count({field}) FROM {name} WHERE t_ns BETWEEN {w0} AND {w1}{only}",
+                       args).fetchall()[0][0]
     n_buckets = (w1 - w0) // bucket_ns + 1
     per_chunk = max(1, int(SERIES_CHUNK_ROWS * n_buckets / max(int(rows or 0), 1)))
     for b_lo in range(0, n_buckets, per_chunk):
@@ -217,6 +221,6 @@ def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
             SELECT {w0} + b * {bucket_ns} + {bucket_ns // 2} AS t_ns, avg(v ORDER BY host, device, t) AS mean,
                    sum(v ORDER BY host, device, t) AS total, count(*) AS n
             FROM (SELECT (t_ns - {w0}) // {bucket_ns} AS b, {field} AS v, host, device, t_ns AS t FROM {name}
-                  WHERE t_ns BETWEEN {lo} AND {hi} AND {field} IS NOT NULL)
+                  WHERE t_ns BETWEEN {lo} AND {hi} AND {field} IS NOT NULL{only})
             GROUP BY b ORDER BY b
-        """).to_arrow_table()
+        """, params=args or None).to_arrow_table()

@@ -116,8 +116,8 @@ def per_step(sd: steps.StepData | None, power: PowerFamily) -> list[dict[str, An
     return [{
         "step": s, "t_start_ns": int(sd.t_start_ns[j]), "t_end_ns": int(sd.t_end_ns[j]),
         "step_time_s": float(sd.step_time_s[j]), "tokens": sd.tokens[j], "samples": sd.samples[j],
-        "straggler_spread_pct": sd.spread_pct[j], "power_mean_w": power.per_step_power_w.get(s),
-        "energy_j": power.per_step_energy_j.get(s),
+        "straggler_spread_pct": sd.spread_pct[j], "power_mean_w": power.per_step_power_w.get(j),
+        "energy_j": power.per_step_energy_j.get(j),
     } for j, s in enumerate(sd.steps.tolist())]
 
 

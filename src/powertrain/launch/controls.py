@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from powertrain.control.apply import apply_controls, open_controls, restore_stale
@@ -63,10 +64,49 @@ def check_node_device(cfg: RunConfig, node_device_type: str, node_device_name: s
     return {"device": name, "ran_on": found}
 
 
-def device_indices(cfg: RunConfig) -> list[int]:
-    """The local GPU index of each local rank: ``launch.device_order``, else rank i on GPU i."""
+# The variables that choose which GPUs a process sees, outermost first (ROCm applies ROCR's, then
+# HIP's indexes into what is left).
+_VISIBLE = {"nvidia": ("CUDA_VISIBLE_DEVICES",), "amd": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+
+
+def device_indices(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[int]:
+    """The vendor library's (NVML / amdsmi) index of each local rank's GPU: ``launch.device_order``
+    (the launcher sets the ranks' visible devices to it); else local rank i runs on the i-th GPU the
+    inherited ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` of
+    ``environ`` (default ``os.environ``; Slurm sets them to a job's GPUs) lets it see, and on GPU i
+    when none is set. The controls library numbers every GPU of the node whatever those say, so
+    without this a run on GPUs 4 and 5 would set GPUs 0 and 1. Raises ValueError (one line) for a
+    list that is not indices (UUIDs, MIG) or leaves too few GPUs."""
     order = cfg.launch.device_order
-    return list(order) if order is not None else list(range(cfg.hardware.devices_per_node))
+    if order is not None:
+        return list(order)
+    n = cfg.hardware.devices_per_node
+    env = os.environ if environ is None else environ
+    visible: list[int] | None = None
+    for var in _VISIBLE.get(get_device(cfg.hardware.device).vendor, ()):
+        raw = env.get(var)
+        if raw is None:
+            continue
+        items = [x.strip() for x in raw.split(",") if x.strip()]
+        if not all(x.isdigit() for x in items):
+            raise ValueError(f"{var}={raw!r} does not list GPU indices, so the device controls cannot tell which "
+                             "GPUs the ranks use; unset it and give launch.device_order (the GPU indices) instead")
+        idx = [int(x) for x in items]
+        if visible is not None:
+            if any(i >= len(visible) for i in idx):
+                raise ValueError(f"{var}={raw!r} names a device outside the {len(visible)} the outer variable "
+                                 "leaves visible; fix it, or unset both and give launch.device_order")
+            idx = [visible[i] for i in idx]
+        visible = idx
+    if visible is None:
+        return list(range(n))
+    if not visible:
+        raise ValueError("the visible-devices variables hide every GPU from the ranks, so the device controls "
+                         "have none of theirs to set; unset them, or drop the device controls from knobs")
+    if len(visible) < n:
+        raise ValueError(f"the visible-devices variables leave {len(visible)} GPU(s) {visible} for "
+                         f"{n} ranks per node; set hardware.devices_per_node ≤ {len(visible)}, or widen them")
+    return visible[:n]
 
 
 def visible_devices_env(cfg: RunConfig, node_device_type: str) -> dict[str, str]:
@@ -129,6 +169,7 @@ def node_controls(cfg: RunConfig, run_label: str, *, allow_unapplied: bool = Fal
     if not requested:
         yield None
         return
+    indices = device_indices(cfg)  # refuses an unreadable visible-devices variable before anything changes
     vendor = get_device(cfg.hardware.device).vendor
     main = threading.current_thread() is threading.main_thread()  # only there can handlers be set
     old = {s: signal.signal(s, _raise_exit) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
@@ -142,7 +183,7 @@ def node_controls(cfg: RunConfig, run_label: str, *, allow_unapplied: bool = Fal
                    "devices": []}
             return
         try:
-            applied = apply_controls(requested, controls, Ledger(), device_indices(cfg), this_owner(run_label),
+            applied = apply_controls(requested, controls, Ledger(), indices, this_owner(run_label),
                                      allow_unapplied=allow_unapplied)
         except ControlRefused as exc:
             controls.close()

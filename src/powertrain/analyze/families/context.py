@@ -1,7 +1,13 @@
 """What every metric family reads, and what each returns.
 
-Which devices count: the run's accelerators (every device whose kind is not ``cpu``) when it has
-any; otherwise its host devices (``cpu`` rows), which is what a CPU-only run measures.
+Which devices count (:func:`select_devices`): the devices the run's ranks ran on, when ``run.json``'s
+``rank_map`` says so for every rank — an accelerator rank's GPU (``local_device`` when the launch
+placed ranks by ``launch.device_order``, else the index in its device name: ``cuda:1`` → ``gpu1``), a
+CPU rank's host devices (``cpu`` rows of its host). Other sampled accelerators (idle GPUs of the node,
+the GPUs a CPU-spec run hides from its ranks) are listed under ``per_device`` but not counted, and a
+note names them. Without such a map (imports, ``powertrain monitor``): the accelerators (every device
+whose kind is not ``cpu``) when there are any, otherwise the host devices; and when more accelerators
+were sampled than the run has ranks, a note says that idle ones may be counted.
 
 The run's window — every energy, power and time metric of the run is over it — is, in this order:
 ``run.json["window"]`` (``{"t0_ns", "t1_ns", "source"}``, written by importers: MLPerf run_start →
@@ -11,12 +17,14 @@ own runs); else, with a note saying so, the whole telemetry span.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from powertrain.analyze import steps, telemetry
 from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S
@@ -58,6 +66,7 @@ class RunContext:
     accel: bool  # whether those are accelerators (else host devices)
     no_tel: str | None  # the reason for every telemetry metric when there is no telemetry in the window
     notes: list[str]
+    selection: dict[str, Any] = field(default_factory=dict)  # how ``counted`` was chosen (select_devices)
 
     @property
     def config(self) -> Any:
@@ -83,8 +92,8 @@ class RunContext:
 
     @property
     def rank_dev(self) -> dict[int, DeviceKey]:
-        """Rank → (host, device) from the rank map."""
-        return {int(e["rank"]): (e.get("host"), e.get("device")) for e in self.rank_map if "rank" in e}
+        """Rank → the (host, device) of its telemetry, from the rank map (:func:`rank_device`)."""
+        return {int(e["rank"]): rank_device(e) or (e.get("host"), e.get("device")) for e in self.rank_map if "rank" in e}
 
     @property
     def coords(self) -> dict[int, dict[str, Any]]:
@@ -148,10 +157,11 @@ def _window(info: dict[str, Any], sd: steps.StepData | None, tspan: tuple[int, i
 PER_DEVICE_SPECTRUM_MAX_ROWS = 2_000_000
 
 
-def _spectrum_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]]) -> set[tuple[str, str]]:
-    """The devices whose power spectrum ``per_device`` reports: the counted ones (accelerators, else
-    host devices) with power samples, unless they hold more than PER_DEVICE_SPECTRUM_MAX_ROWS together."""
-    counted = [s for s in stats if _kind(kinds, s) != "cpu"] or stats
+def _spectrum_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]],
+                      rank_map: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The devices whose power spectrum ``per_device`` reports: the counted ones (:func:`select_devices`)
+    with power samples, unless they hold more than PER_DEVICE_SPECTRUM_MAX_ROWS together."""
+    counted = select_devices(stats, kinds, rank_map)[0]
     pw = [s for s in counted if s.get("power_w_n")]
     if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
         return set()
@@ -183,7 +193,7 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     sub = (sd.t_start_ns, sd.t_end_ns) if sd is not None else None
     kinds = _device_kind(info)
     dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S,
-                                        spectra=lambda stats: _spectrum_devices(stats, kinds))
+                                        spectra=lambda stats: _spectrum_devices(stats, kinds, info.get("rank_map") or []))
                  if n_rows and w1 > w0 else [])
     for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
         e = s.get("energy_integral")
@@ -192,7 +202,90 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     ctx = RunContext(run=run, info=info, events=events, sd=sd, con=con, w0=w0, w1=w1, window_source=window_source,
                      dev_stats=dev_stats, kinds=kinds, counted=[], accel=False,
                      no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes)
-    accel = [s for s in dev_stats if ctx.kind_of(s) != "cpu"]
-    ctx.counted = accel or dev_stats
-    ctx.accel = bool(accel)
+    ranks_seen = 0 if info.get("kind") == "import" else int(pc.count_distinct(events["rank"]).as_py() or 0)
+    ctx.counted, ctx.accel, ctx.selection = select_devices(dev_stats, kinds, ctx.rank_map, ranks_seen)
+    if ctx.selection.get("note"):
+        notes.append(ctx.selection["note"])
+    if dev_stats and not ctx.counted:
+        ctx.no_tel = "no telemetry of the devices the run's ranks ran on in the measured window"
     return ctx
+
+
+# A device name that ends in its index: cuda:1, hip:0, xpu:2 (torch's), gpu3 (the samplers' and importers').
+_INDEXED = re.compile(r"[A-Za-z_]+:?(\d+)")
+
+
+def rank_device(entry: dict[str, Any]) -> DeviceKey | None:
+    """The (host, telemetry device) of a rank-map entry's accelerator: ``gpu<local_device>`` when the
+    launch placed it by ``launch.device_order``, else ``gpu<the index in its device name>``; the
+    samplers name GPUs by their NVML / amdsmi index. None for a CPU rank or a name without an index."""
+    dev = entry.get("device")
+    if not isinstance(dev, str) or dev.startswith("cpu"):
+        return None
+    local = entry.get("local_device")
+    if isinstance(local, int) and not isinstance(local, bool):
+        return entry.get("host"), f"gpu{local}"
+    m = _INDEXED.fullmatch(dev)
+    return (entry.get("host"), f"gpu{m.group(1)}") if m else None
+
+
+def _names(stats: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{s['device']} ({s['host']})" for s in stats)
+
+
+def select_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]],
+                   rank_map: list[dict[str, Any]], ranks_seen: int = 0,
+                   ) -> tuple[list[dict[str, Any]], bool, dict[str, Any]]:
+    """Of ``stats`` (one dict per sampled device), the devices the run-level metrics count (see the
+    module doc), whether they are accelerators, and how they were chosen (``summary.json``
+    ``data_quality.device_selection``: ``rule``, ``not_counted``, ``missing`` (devices a rank ran on
+    without telemetry in the window), ``note``). ``ranks_seen``: how many ranks recorded events, for a run
+    without a rank map (0: unknown, as in an import, whose events stand for the whole job)."""
+    accel = [s for s in stats if _kind(kinds, s) != "cpu"]
+    entries = [e for e in rank_map if "rank" in e]
+    tel_hosts = {s["host"] for s in stats}
+    gpu_keys: list[DeviceKey] = []
+    cpu_hosts: set[Any] = set()
+    placed = bool(entries)
+    for e in entries:
+        dev = e.get("device")
+        key = rank_device(e)
+        if e.get("host") is None:
+            placed = False  # a node whose host never became known: its telemetry cannot be told
+        elif isinstance(dev, str) and dev.startswith("cpu"):
+            cpu_hosts.add(e.get("host"))
+        elif key is not None:
+            gpu_keys.append(key)
+        else:
+            placed = False  # a rank whose device the map does not name
+    if placed and stats and not ({h for h, _ in gpu_keys} | cpu_hosts) & tel_hosts:
+        placed = False  # the map's hosts are not the telemetry's: nothing to match them with
+    if not placed:
+        n_ranks = len(entries) or ranks_seen
+        note = None
+        if n_ranks and len(accel) > n_ranks:
+            note = (f"{len(accel)} accelerators were sampled and the run has {n_ranks} rank(s) but does not record "
+                    "which devices they ran on: energy, power and per-token metrics count all of them, idle ones "
+                    "included; per_device has each device's own (powertrain run records the rank → device map)")
+        return (accel or stats), bool(accel), {"rule": "every sampled accelerator, else the host devices (the run "
+                                                "records no usable rank → device map)", "not_counted": [], "missing": [],
+                                                "note": note}
+    want = set(gpu_keys)
+    counted = [s for s in stats if (s["host"], s["device"]) in want
+               or (s["host"] in cpu_hosts and _kind(kinds, s) == "cpu")]
+    have = {(s["host"], s["device"]) for s in counted}
+    missing = sorted(f"{d} ({h})" for h, d in want - have)
+    not_counted = [s for s in accel if (s["host"], s["device"]) not in have]
+    parts = []
+    if not_counted:
+        how = ("" if all(isinstance(e.get("local_device"), int) for e in entries if rank_device(e)) else
+               " (local rank i on GPU i; if CUDA_VISIBLE_DEVICES was set around the launch, give "
+               "launch.device_order instead)")
+        parts.append(f"{_names(not_counted)} sampled but no rank ran on them{how}: not counted in energy, power or "
+                     "per-token metrics (per_device lists them)")
+    if missing:
+        parts.append(f"{', '.join(missing)}: a rank ran there but it has no telemetry in the window, so the run-level "
+                     "energy and power leave it out")
+    return counted, bool(want), {"rule": "the devices of the run's ranks (rank_map)",
+                                 "not_counted": [f"{s['device']} ({s['host']})" for s in not_counted],
+                                 "missing": missing, "note": "; ".join(parts) or None}

@@ -31,6 +31,7 @@ POWER_METRICS = ("power_mean_w", "power_peak_w", "power_p99_w", "power_peak_to_m
 class PowerFamily(Family):
     """The power metrics, and per measured step its mean device power and its cluster energy."""
 
+    # keyed by the step's position in StepData (a step number can repeat: steps.measured_steps)
     per_step_power_w: dict[int, float] = field(default_factory=dict)
     per_step_energy_j: dict[int, float] = field(default_factory=dict)
     per_step_why: str | None = None  # why a step has no energy, when one has none
@@ -116,11 +117,8 @@ def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: i
     (n − 1)·0.99, linearly interpolated). DuckDB's ``max(x, k)`` keeps only the top 1 % (a bounded
     heap), so memory stays small however long the run (``quantile_cont`` or an ORDER BY … OFFSET
     would hold every sample)."""
-    hosts = sorted({k[0] for k in keys})
-    devices = sorted({k[1] for k in keys})
-    where = ("t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND list_contains(?, host) "
-             "AND list_contains(?, device)")
-    args = [w0, w1, hosts, devices]
+    where = "t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND list_contains(?, [host, device])"
+    args = [w0, w1, [list(k) for k in sorted(keys)]]
     n = int(con.execute(f"SELECT count(*) FROM tel WHERE {where}", args).fetchall()[0][0])
     if not n:
         return None
@@ -148,7 +146,9 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
     # kept as it goes and its spectrum streamed (one FFT up to 2^17 periods, Welch segments beyond).
     peak: float | None = None
     osc_stream = signal.OscillationStream(period)
-    for series in telemetry.device_mean_chunks(ctx.con, ctx.w0, ctx.w1, bucket_ns):
+    # the counted devices' series only: an idle GPU or a host row is not the cluster's power
+    for series in telemetry.device_mean_chunks(ctx.con, ctx.w0, ctx.w1, bucket_ns,
+                                               devices=[(s["host"], s["device"]) for s in pw]):
         tot = series["total"].to_numpy(zero_copy_only=False)[series["n"].to_numpy(zero_copy_only=False) == n_full]
         if tot.size:
             peak = float(np.max(tot)) if peak is None else max(peak, float(np.max(tot)))
@@ -187,13 +187,13 @@ def _per_step(ctx: RunContext, sd: steps.StepData, fam: PowerFamily) -> None:
     for e in per_dev:  # in the devices' sorted order: the same sum on every analysis
         total += e
     inside = (sd.t_start_ns >= ctx.w0) & (sd.t_end_ns <= ctx.w1)
-    for j, s in enumerate(sd.steps.tolist()):
+    for j in range(sd.n):
         if not inside[j]:
             continue
-        fam.per_step_energy_j[s] = float(total[j])
+        fam.per_step_energy_j[j] = float(total[j])
         dur_s = (int(sd.t_end_ns[j]) - int(sd.t_start_ns[j])) / 1e9
         if dur_s > 0:
-            fam.per_step_power_w[s] = float(total[j]) / dur_s / len(per_dev)
+            fam.per_step_power_w[j] = float(total[j]) / dur_s / len(per_dev)
     if not inside.all():
         fam.per_step_why = "steps outside the run's window have no energy here (the run's window is its own)"
 

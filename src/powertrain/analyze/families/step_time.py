@@ -16,5 +16,8 @@ def step_family(ctx: RunContext) -> Family:
     note = steps.dropped_steps_note(dropped)
     if note:
         fam.notes.append(note)
+    note = steps.repeated_steps_note(ctx.sd.repeated) if ctx.sd is not None else None
+    if note:
+        fam.notes.append(note)
     fam.metrics, fam.why_null = steps.step_stats(ctx.sd, dropped)
     return fam
