@@ -266,3 +266,27 @@ def test_monitor_seq_len_must_be_at_least_one(tmp_path, value):
 def test_live_parser_refuses_a_seq_len_below_one(tmp_path, value):
     with pytest.raises(ValueError, match="--seq-len must be a whole number of tokens per sample >= 1"):
         LiveStepParser("megatron", tmp_path, seq_len=value)
+
+
+def test_record_refuses_an_unknown_kind_and_an_interval_that_ends_before_it_starts(tmp_path):
+    rec = hooks.Recorder(tmp_path)
+    with pytest.raises(ValueError, match=r"event kind must be one of .*got 'forwrd'"):
+        rec.record("forwrd", 1, 2)
+    with pytest.raises(ValueError, match=r"t_end_ns 1 is before t_start_ns 2"):
+        rec.record("comm", 2, 1)
+    rec.record("comm", 1, 2)
+    rec.close()
+
+
+def test_monitor_refuses_a_command_given_as_one_string(tmp_path):
+    with pytest.raises(ValueError, match=r"command: give the command as a list of arguments"):
+        powertrain.Monitor(tmp_path / "run", command="python train.py")
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0"])
+def test_run_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(value):
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "run-llama-dp2.yaml"
+    res = CliRunner().invoke(app, ["run", str(spec), "--check", "--timeout", value])
+    assert res.exit_code == 2 and "--timeout" in res.output

@@ -142,6 +142,9 @@ class Monitor:
         self.rate_hz = rate_hz
         self.backends = backends if isinstance(backends, str) else ",".join(backends)
         self.name = name or self.run.path.name
+        if isinstance(command, str):  # list("python x.py") would record one argument per character
+            raise ValueError("command: give the command as a list of arguments (e.g. sys.argv or "
+                             "shlex.split('python train.py')), not one string")
         self.command = list(command) if command else None
         self.host = host or default_host()
         self.flush_s = flush_s

@@ -319,10 +319,14 @@ class Recorder:
         """Add an interval measured elsewhere (e.g. a communication timed by the caller)."""
         if not self.enabled:
             return
+        if kind not in EVENT_KINDS:  # as begin() refuses it: an unknown kind is stored and read by nothing
+            raise ValueError(f"event kind must be one of {EVENT_KINDS}, got {kind!r}")
         fields = check_columns(fields)
         for name, t in (("t_start_ns", t_start_ns), ("t_end_ns", t_end_ns)):
             if check_int(name, t) is None:
                 raise ValueError(f"{name} must be a whole number of nanoseconds (time.time_ns()), got None")
+        if t_end_ns < t_start_ns:
+            raise ValueError(f"t_end_ns {t_end_ns} is before t_start_ns {t_start_ns}: give the interval's start first")
         if kind == "step":
             self._next_step_window()
         attrs = fields.pop("attrs", {})
