@@ -21,7 +21,7 @@ import yaml
 
 from powertrain.advise.request import Request
 from powertrain.advise.space import Candidate
-from powertrain.spec.effective import unused_knobs
+from powertrain.spec.effective import unused_fields
 from powertrain.spec.model import catalog
 from powertrain.spec.run import RunConfig, spec_precision
 
@@ -82,10 +82,10 @@ def run_spec_dict(cand: Candidate, req: Request, name: str = "advised", warmup: 
     if device_order is not None:
         spec["launch"] = {"device_order": list(device_order)}
     # knobs that change nothing for this layout are left out: `powertrain run` refuses them (spec.effective)
-    for field in unused_knobs(RunConfig.model_validate(spec)):
-        section, _, key = field.split(" ", 1)[0].rpartition(".")
+    for dotted in unused_fields(RunConfig.model_validate(spec)):
+        *parents, key = dotted.split(".")
         holder: dict[str, Any] = spec
-        for part in section.split("."):
+        for part in parents:
             holder = holder[part]
         holder.pop(key, None)
     RunConfig.model_validate(spec)  # what this writes always loads

@@ -22,6 +22,7 @@ from powertrain.predict.power import node_power_w
 from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
 from powertrain.spec.run import Precision
+from powertrain.spec.validate import node_holds
 
 OBJECTIVES = ("throughput", "energy", "time", "cost", "pareto")
 ENGINES = ("builtin", "megatron")
@@ -152,7 +153,7 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     if nodes < 1 or gpus < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
                          "node count")
-    most = max(dev.node.devices_per_node, dev.node.nvlink_domain)  # spec.validate's node-size rule, up front
+    most = node_holds(dev)  # spec.validate's node-size rule, up front: else every layout is refused later
     if not is_cpu_name(device) and gpus // nodes > most:
         split = f"use --nodes {gpus // most}, or " if gpus % most == 0 else ""
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: {gpus // nodes} per node is more than one {dev.name} "

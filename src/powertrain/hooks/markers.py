@@ -38,14 +38,10 @@ def env_rank() -> int:
     text = os.environ.get("RANK", "").strip()
     if not text:
         return 0
-    try:
-        rank = int(text)
-    except ValueError:
-        rank = -1
-    if rank < 0:
-        # the rank names this process's events file (events/rank-<r>.parquet): a bad one must not be guessed
+    # the rank names this process's events file (events/rank-<r>.parquet): a bad one must not be guessed
+    if not text.isdigit():
         raise ValueError(f"RANK={text!r} is not a rank (a whole number >= 0, as torchrun sets it); fix or unset it")
-    return rank
+    return int(text)
 
 
 def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = None, *,

@@ -27,18 +27,18 @@ def _resolved_dp(config: RunConfig) -> int:
         return config.layout.dp or 1
 
 
-def _reset_unused(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
+def _reset_unused(config: RunConfig) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """``config`` as a JSON dict with the knobs that change nothing for its layout at their defaults,
-    and those knobs, each as ``field (why)``."""
+    and those knobs, each as ``(dotted field, why)``."""
     default = RunConfig(model=config.model)
     d = config.model_dump(mode="json")
     lay, ov = d["layout"], d["knobs"]["overlap"]
     dflt_lay, dflt_ov = default.layout.model_dump(mode="json"), default.knobs.overlap.model_dump(mode="json")
-    unused: list[str] = []
+    unused: list[tuple[str, str]] = []
 
     def reset(section: dict[str, Any], dflt: dict[str, Any], key: str, prefix: str, why: str) -> None:
         if section[key] != dflt[key]:
-            unused.append(f"{prefix}{key} ({why})")
+            unused.append((f"{prefix}{key}", why))
             section[key] = dflt[key]
 
     dp = _resolved_dp(config)
@@ -60,9 +60,18 @@ def _reset_unused(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
     return d, unused
 
 
+def unused_fields(config: RunConfig) -> list[str]:
+    """The dotted fields (``knobs.overlap.fsdp_prefetch``) ``config`` sets that change nothing for its layout."""
+    return [f for f, _ in _reset_unused(config)[1]]
+
+
+def _named(unused: list[tuple[str, str]]) -> list[str]:
+    return [f"{f} ({why})" for f, why in unused]
+
+
 def unused_knobs(config: RunConfig) -> list[str]:
     """The knobs ``config`` sets that change nothing for its layout, each as ``field (why)``."""
-    return _reset_unused(config)[1]
+    return _named(_reset_unused(config)[1])
 
 
 def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
@@ -73,7 +82,7 @@ def effective_config(config: RunConfig) -> tuple[dict[str, Any], list[str]]:
     """
     d, unused = _reset_unused(config)
     d["name"] = None
-    return d, unused
+    return d, _named(unused)
 
 
 def sweep_protocol(config: RunConfig) -> dict[str, Any]:

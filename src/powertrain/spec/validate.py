@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from powertrain.hardware.catalog import UnknownDeviceError, get_device, is_cpu_name
+from powertrain.hardware.catalog import DeviceSpec, UnknownDeviceError, get_device, is_cpu_name
 from powertrain.spec.run import ProfilerOptions, RunConfig
 
 
@@ -317,6 +317,12 @@ def rule_device_order(cfg: RunConfig) -> list[Violation]:
     return []
 
 
+def node_holds(dev: DeviceSpec) -> int:
+    """The most devices one "node" of ``dev`` may hold: its node's, or its NVLink domain (an NVL72 rack's
+    devices share one domain across its trays)."""
+    return max(dev.node.devices_per_node, dev.node.nvlink_domain)
+
+
 def rule_node_size(cfg: RunConfig) -> list[Violation]:
     """More devices on one node than the catalog's node holds would be costed as one scale-up domain."""
     name, per = cfg.hardware.device, cfg.hardware.devices_per_node
@@ -326,8 +332,7 @@ def rule_node_size(cfg: RunConfig) -> list[Violation]:
         dev = get_device(name)
     except UnknownDeviceError:
         return []  # rule_device names it
-    # an NVL72 rack's devices share one NVLink domain across its trays: up to the domain on one "node"
-    most = max(dev.node.devices_per_node, dev.node.nvlink_domain)
+    most = node_holds(dev)
     if per <= most:
         return []
     world = cfg.world
