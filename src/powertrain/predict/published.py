@@ -241,6 +241,9 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     out = PublishedRun(id=str(r.get("id")), source=_short_source(ref), gpu=str(hw.get("gpu")),
                        arch=str(m.get("arch") or ("moe" if (_int(m.get("experts")) or 1) > 1 else "dense")),
                        case=None, tokens_per_s_per_gpu=None, raw=r)
+    if r.get("usable_for_validation") is False:  # the transcriber's judgement, with its reason in the caveats
+        out.skip = "marked not usable for validation by its transcription (its caveats say why)"
+        return out
     out.skip = _missing(m, hw, par, b)
     if out.skip:
         return out
