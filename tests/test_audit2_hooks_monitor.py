@@ -185,7 +185,7 @@ def test_good_events_flush_values_are_used(tmp_path, monkeypatch, value, expecte
     hooks.close()
 
 
-@pytest.mark.parametrize("value", ["abc", "-3", "1.5"])
+@pytest.mark.parametrize("value", ["abc", "-3", "1.5", "²", "٣"])
 def test_a_bad_rank_variable_is_refused_naming_it(tmp_path, monkeypatch, value):
     monkeypatch.setenv("RANK", value)
     with pytest.raises(ValueError, match=rf"^RANK='{value}' is not a rank .*fix or unset it$"):

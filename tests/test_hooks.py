@@ -86,6 +86,7 @@ def test_env_run_dir_and_killed_process_keeps_rows(tmp_path):
                 pass
         os.kill(os.getpid(), signal.SIGKILL)
     """)
+    (tmp_path / "run.json").write_text('{"status": "running"}')  # $POWERTRAIN_RUN_DIR must be a running run
     env = {**os.environ, hooks.RUN_DIR_ENV: str(tmp_path), "RANK": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == -9

@@ -76,6 +76,26 @@ def wait_for_shared_file(path: Path, timeout_s: float, what: str) -> None:
                            "(shared filesystem assumed: is --out on a folder every node sees?)")
 
 
+def check_prometheus(spec: str) -> None:
+    """Refuse (``ValueError``) a bad ``Monitor(prometheus=…)``, in the Python API's words.
+
+    The sampler would refuse it too, but only once started, and with the CLI's fix
+    (``--prometheus-public``), which a ``Monitor`` has no way to take.
+    """
+    from powertrain.live.prometheus import PUBLIC_ENV, check_public, parse_listen
+
+    try:
+        addr, _ = parse_listen(spec)
+    except ValueError as exc:
+        raise ValueError(f"prometheus={spec!r}: {str(exc).removeprefix('--prometheus: ')}") from None
+    try:
+        check_public(addr)
+    except ValueError:
+        raise ValueError(f"prometheus={spec!r}: {addr} is not a loopback address, so telemetry would be served to "
+                         f"the network; to allow it set {PUBLIC_ENV}=1 in the environment (os.environ"
+                         f"[{PUBLIC_ENV!r}] = '1' before the Monitor or trainer callback starts), or serve on 127.0.0.1:PORT") from None
+
+
 def _iso(t_ns: int | None) -> str | None:
     if t_ns is None:
         return None
@@ -113,7 +133,8 @@ class Monitor:
             The block's other processes (a command under ``powertrain monitor``) use
             ``$POWERTRAIN_EVENTS_FLUSH_S``.
         prometheus: ``[HOST:]PORT`` on which the sampler serves live readings for Prometheus
-            (loopback only unless ``$POWERTRAIN_PROMETHEUS_PUBLIC=1``; see ``docs/user-guide.md``).
+            (loopback only unless ``$POWERTRAIN_PROMETHEUS_PUBLIC=1`` is in the environment when the
+            ``Monitor`` is created; see ``docs/user-guide.md``).
 
     A block that ends with an exception still ends the run: ``run.json`` gets ``status: failed`` and
     the exception as ``reason``, and the sampler is stopped.
@@ -136,6 +157,8 @@ class Monitor:
             raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
         if flush_s is not None:  # > 0: the sampler would rewrite its segment at every sample with 0
             flush_s = hooks.check_flush_s(flush_s, "flush_s", allow_zero=False)
+        if prometheus:
+            check_prometheus(prometheus)
         self.warmup_steps = warmup_steps
         self.run = RunDir(out)
         self.prometheus = prometheus

@@ -18,7 +18,8 @@ or ``hooks.begin_step(i, tokens=…)`` … ``hooks.end_step(loss=…)`` where a 
 
 The run directory is, in this order: the one of the :class:`powertrain.Monitor` block this process
 is in (:func:`bind`), or ``$POWERTRAIN_RUN_DIR`` (set by ``powertrain run`` / ``monitor`` for the
-command's processes); the rank comes from ``$RANK``. Without a run directory every call is a cheap
+command's processes; a folder that is not a running run is refused, see :func:`env_run_dir`); the
+rank comes from ``$RANK``. Without a run directory every call is a cheap
 no-op and a single notice says so. Rows follow :data:`powertrain.schema.EVENTS_SCHEMA` (times are
 ``CLOCK_REALTIME`` ns, the sampler's clock) and are streamed crash-safely: a killed rank keeps
 everything up to about one second before the kill (``$POWERTRAIN_EVENTS_FLUSH_S`` seconds, or a
@@ -31,7 +32,8 @@ measured steps. Set it with :func:`set_window` or a ``with hooks.window("warmup"
 ``Monitor`` block, steps not under an explicit window are marked automatically: the first
 ``warmup_steps`` steps ``warmup``, the rest ``measured``. Under ``$POWERTRAIN_RUN_DIR`` unmarked
 steps stay null and the analysis counts them as measured when *no* step of the run carries a window
-(see :func:`powertrain.analyze.steps.measured_steps`).
+(see :func:`powertrain.analyze.steps.measured_steps`); once any step carries one, unmarked steps are
+outside the protocol, so a loop there marks both its warm-up and its measured steps, or neither.
 """
 
 from powertrain.hooks.markers import (
@@ -40,11 +42,13 @@ from powertrain.hooks.markers import (
     Binding,
     begin_step,
     bind,
+    check_rank,
     close,
     configure,
     end_step,
     env_flush_s,
     env_rank,
+    env_run_dir,
     get,
     phase,
     set_window,
@@ -56,5 +60,5 @@ from powertrain.hooks.markers import (
 from powertrain.hooks.recorder import WINDOWS, Recorder, StepHandle, check_flush_s
 
 __all__ = ["FLUSH_ENV", "RUN_DIR_ENV", "WINDOWS", "Binding", "Recorder", "StepHandle", "begin_step", "bind",
-           "check_flush_s", "close", "configure", "end_step", "env_flush_s", "env_rank", "get", "phase", "set_window",
-           "step", "sync_device_in_use", "unbind", "window"]
+           "check_flush_s", "check_rank", "close", "configure", "end_step", "env_flush_s", "env_rank", "env_run_dir",
+           "get", "phase", "set_window", "step", "sync_device_in_use", "unbind", "window"]

@@ -5,7 +5,9 @@ directory and rank this process's markers go to (:func:`bind` by a ``Monitor`` b
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import numbers
 import os
 import sys
 from collections.abc import Callable
@@ -39,22 +41,66 @@ def env_rank() -> int:
     if not text:
         return 0
     # the rank names this process's events file (events/rank-<r>.parquet): a bad one must not be guessed
-    if not text.isdigit():
+    if not (text.isascii() and text.isdecimal()):
         raise ValueError(f"RANK={text!r} is not a rank (a whole number >= 0, as torchrun sets it); fix or unset it")
     return int(text)
+
+
+def check_rank(rank: Any) -> int:
+    """``rank``: a whole number >= 0 (an int, not a bool); it names ``events/rank-<r>.parquet``."""
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
+        raise ValueError(f"rank must be a whole number >= 0 (this process's rank, as torchrun's $RANK), "
+                         f"got {rank!r}: pass an int, or leave it out to use $RANK")
+    return int(rank)
+
+
+def _run_state(run_dir: Path) -> str | None:
+    """Why ``run_dir`` is not a running run (no run.json, its status, a damaged file); ``None`` if it is."""
+    try:
+        with open(run_dir / "run.json") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        return "no run.json there"
+    except (OSError, ValueError) as exc:
+        return f"its run.json cannot be read: {type(exc).__name__}: {exc}"
+    status = info.get("status") if isinstance(info, dict) else None
+    return None if status == "running" else f"its run.json status is {status!r}, not 'running'"
+
+
+def env_run_dir() -> Path | None:
+    """``$POWERTRAIN_RUN_DIR``: the run that ``powertrain monitor`` / ``powertrain run`` started for this
+    process (unset or empty: ``None``). Refused (``ValueError``) unless its ``run.json`` says ``running``.
+
+    Both commands write ``run.json`` (status ``running``) before they start the command and finish it
+    only after the command has ended, so a folder without one, or a finished run, is a variable left
+    over from elsewhere: its markers would be added to a run that is over, or make a folder look like one.
+    """
+    text = os.environ.get(RUN_DIR_ENV) or None
+    if text is None:
+        return None
+    path = Path(text)
+    why = _run_state(path)
+    if why is not None:
+        raise ValueError(f"${RUN_DIR_ENV}={text} is not a running run ({why}), so step markers cannot go "
+                         f"there: unset {RUN_DIR_ENV}, or run this under powertrain monitor / powertrain run")
+    return path
 
 
 def configure(run_dir: str | os.PathLike[str] | None = None, rank: int | None = None, *,
               sync: Callable[[], None] | None = None, flush_s: float | None = None) -> Recorder:
     """(Re)create the process-wide recorder; defaults come from ``$POWERTRAIN_RUN_DIR``, ``$RANK``
-    and ``$POWERTRAIN_EVENTS_FLUSH_S`` (seconds between crash-safe rewrites, default 1)."""
+    and ``$POWERTRAIN_EVENTS_FLUSH_S`` (seconds between crash-safe rewrites, default 1).
+
+    A run directory taken from ``$POWERTRAIN_RUN_DIR`` must be a running run (:func:`env_run_dir`);
+    one given here is used as it is (a folder of events only, without ``run.json``, is allowed).
+    """
     global _recorder
     # the environment is read (and refused) before the recorder in place is closed
     flush_s = env_flush_s() if flush_s is None else flush_s
-    rank = rank if rank is not None else env_rank()
+    rank = check_rank(rank) if rank is not None else env_rank()
+    run_dir = run_dir if run_dir is not None else env_run_dir()
     if _recorder is not None:
         _recorder.close()
-    run_dir = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV) or None
     _recorder = Recorder(run_dir, rank, sync=sync, flush_s=flush_s)
     if run_dir is None:
         log.warning("powertrain.hooks: $%s is not set, step markers are not recorded "
@@ -93,7 +139,7 @@ def bind(run_dir: str | os.PathLike[str], *, rank: int | None = None, warmup_ste
     """
     global _recorder
     flush_s = env_flush_s() if flush_s is None else flush_s
-    rank = rank if rank is not None else env_rank()
+    rank = check_rank(rank) if rank is not None else env_rank()
     rec = Recorder(run_dir, rank, sync=sync, flush_s=flush_s, warmup_steps=warmup_steps, lazy=True)
     binding = Binding(rec, _recorder)
     _recorder = rec

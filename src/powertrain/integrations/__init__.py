@@ -6,7 +6,9 @@
 Both use :class:`RankAttachment`, which does what every rank of a job needs:
 
 * **under** ``powertrain monitor`` / ``powertrain run`` (``$POWERTRAIN_RUN_DIR`` is set) it only
-  writes this rank's step events into that run: the node's sampler is already there;
+  writes this rank's step events into that run: the node's sampler is already there, so ``out``,
+  ``rate_hz``, ``backends``, ``name`` and ``prometheus`` are ignored (one warning names those given);
+  a ``$POWERTRAIN_RUN_DIR`` that is not a running run is refused;
 * **otherwise** global rank 0 creates the run directory and starts its node's sampler
   (:class:`powertrain.Monitor`), the first rank of every other node (local rank 0) starts only its
   node's sampler (:meth:`powertrain.Monitor.attach`), and every rank writes

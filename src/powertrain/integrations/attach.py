@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
+import logging
 import os
 import sys
 import time
@@ -15,6 +16,18 @@ from typing import Any
 from powertrain import hooks
 from powertrain.monitor import Monitor
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ
+
+log = logging.getLogger(__name__)
+
+# The sampler settings a supervising `powertrain monitor` / `powertrain run` owns: each argument's default,
+# and where that command takes it instead.
+RUN_SETTINGS: dict[str, tuple[Any, str]] = {
+    "out": (None, "--out"),
+    "rate_hz": (DEFAULT_RATE_HZ, "--rate"),
+    "backends": ("auto", "--backends"),
+    "name": (None, "--out (a run is named after its folder)"),
+    "prometheus": (None, "--prometheus (powertrain monitor)"),
+}
 
 
 def device_sync() -> Callable[[], None] | None:
@@ -37,19 +50,28 @@ class RankAttachment:
     """One rank's link to a run: its event recorder and, on the first rank of a node, the sampler.
 
     Args:
-        out: the run directory (ignored under ``powertrain monitor``, which sets it); ``None``:
-            :func:`default_out` as chosen by rank 0.
-        warmup_steps: leading steps marked ``warmup``.
+        out: the run directory; ``None``: :func:`default_out` as chosen by rank 0.
+        warmup_steps: leading steps marked ``warmup``, a whole number >= 0.
         rate_hz, backends: the sampler's settings (see :class:`powertrain.Monitor`).
         name: a label for ``run.json``.
         prometheus: ``[HOST:]PORT`` for each node's sampler to serve live readings on (see
             :mod:`powertrain.live.prometheus`; HOST defaults to 127.0.0.1).
+        caller: the class named in messages (the trainer callback built on this attachment).
+
+    Under ``powertrain monitor`` / ``powertrain run`` (``$POWERTRAIN_RUN_DIR`` is set) the run and its
+    sampler are that command's: ``out``, ``rate_hz``, ``backends``, ``name`` and ``prometheus`` are
+    ignored, and one warning names those given.
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
                  rate_hz: float = DEFAULT_RATE_HZ, backends: str | list[str] = "auto",
                  name: str | None = None, prefix: str = "train",
-                 sync: Callable[[], None] | None = None, prometheus: str | None = None) -> None:
+                 sync: Callable[[], None] | None = None, prometheus: str | None = None,
+                 caller: str = "RankAttachment") -> None:
+        # checked here, not at the first step: a bad value must fail before training starts
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+        self.caller = caller
         self.out = Path(out) if out is not None else None
         self.warmup_steps = warmup_steps
         self.rate_hz = rate_hz
@@ -78,9 +100,10 @@ class RankAttachment:
         the trainer's distributed backend and are needed when ``world_size > 1``."""
         self.rank = rank
         self._barrier = barrier if world_size > 1 else None
-        env_dir = os.environ.get(hooks.RUN_DIR_ENV)
-        if env_dir:
-            self.run_dir = Path(env_dir)
+        env_dir = hooks.env_run_dir()  # refused unless it is a running run
+        if env_dir is not None:
+            self.run_dir = env_dir
+            self._warn_ignored(env_dir)
         else:
             out = self.out if self.out is not None else default_out(self.prefix)
             if broadcast is not None and world_size > 1:
@@ -98,6 +121,21 @@ class RankAttachment:
         self.recorder = hooks.configure(self.run_dir, rank, sync=self.sync)
         atexit.register(self._at_exit)
         return self.run_dir
+
+    def ignored_settings(self) -> list[str]:
+        """The run settings given a value other than their default (ignored under a supervising command)."""
+        given = {"out": self.out, "rate_hz": self.rate_hz, "backends": self.backends, "name": self.name,
+                 "prometheus": self.prometheus}
+        return [k for k, (default, _) in RUN_SETTINGS.items() if given[k] != default]
+
+    def _warn_ignored(self, run_dir: Path) -> None:
+        ignored = self.ignored_settings()
+        if ignored:
+            where = ", ".join(f"{k}: {RUN_SETTINGS[k][1]}" for k in ignored)
+            log.warning("powertrain: running under powertrain monitor / powertrain run ($%s=%s): %s of %s %s "
+                        "ignored, the run and its sampler are that command's; set them on that command (%s)",
+                        hooks.RUN_DIR_ENV, run_dir, ", ".join(ignored), self.caller,
+                        "is" if len(ignored) == 1 else "are", where)
 
     def now(self) -> int:
         """``CLOCK_REALTIME`` ns after the device's queued work (the sampler's clock)."""

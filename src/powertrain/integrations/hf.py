@@ -55,6 +55,11 @@ class PowertrainCallback(TrainerCallback):
         warmup_steps: leading steps marked ``warmup`` (left out of the metrics).
         rate_hz, backends, prometheus: sampler settings when the callback starts the sampler
             (``prometheus="[HOST:]PORT"`` serves live readings, see ``docs/user-guide.md``).
+        name: a label for ``run.json``.
+
+    Under ``powertrain monitor`` / ``powertrain run`` the run is that command's: ``out``, ``rate_hz``,
+    ``backends``, ``name`` and ``prometheus`` are ignored (one warning names those given; set them on
+    the command).
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, seq_len: int | None = None,
@@ -62,7 +67,7 @@ class PowertrainCallback(TrainerCallback):
                  name: str | None = None, prometheus: str | None = None) -> None:
         self.attachment = RankAttachment(out, warmup_steps=warmup_steps, rate_hz=rate_hz, backends=backends,
                                          name=name, prefix="hf", sync=device_sync(),
-                                         prometheus=prometheus)
+                                         prometheus=prometheus, caller="PowertrainCallback")
         self.seq_len = seq_len
         self._t0: int | None = None
         self._pending: dict[str, Any] | None = None

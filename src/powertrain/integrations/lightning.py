@@ -62,6 +62,11 @@ class PowertrainCallback(pl.Callback):
         warmup_steps: leading steps marked ``warmup`` (left out of the metrics).
         rate_hz, backends, prometheus: sampler settings when the callback starts the sampler
             (``prometheus="[HOST:]PORT"`` serves live readings, see ``docs/user-guide.md``).
+        name: a label for ``run.json``.
+
+    Under ``powertrain monitor`` / ``powertrain run`` the run is that command's: ``out``, ``rate_hz``,
+    ``backends``, ``name`` and ``prometheus`` are ignored (one warning names those given; set them on
+    the command).
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
@@ -69,7 +74,7 @@ class PowertrainCallback(pl.Callback):
                  name: str | None = None, prometheus: str | None = None) -> None:
         self.attachment = RankAttachment(out, warmup_steps=warmup_steps, rate_hz=rate_hz, backends=backends,
                                          name=name, prefix="lightning", sync=device_sync(),
-                                         prometheus=prometheus)
+                                         prometheus=prometheus, caller="PowertrainCallback")
         self._handle: Any = None
 
     @property

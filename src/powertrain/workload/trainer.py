@@ -41,6 +41,29 @@ from powertrain.workload.parallelize import Parallelized, parallelize, parameter
 FAULT_ENV = "POWERTRAIN_FAULT"
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A fault the crash tests inject (``$POWERTRAIN_FAULT``): rank ``rank`` fails at step ``step``."""
+
+    rank: int
+    step: int
+    kill: bool  # SIGKILL itself (no Python clean-up) instead of raising
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    """``$POWERTRAIN_FAULT``: ``RANK:STEP`` or ``RANK:STEP:kill`` (whole numbers >= 0); unset or empty: None.
+
+    Anything else is refused: a test that sets a fault and gets none would pass for the wrong reason.
+    """
+    if not text:
+        return None
+    parts = text.strip().split(":")
+    if len(parts) in (2, 3) and all(p.isdecimal() for p in parts[:2]) and parts[2:] in ([], ["kill"]):
+        return Fault(int(parts[0]), int(parts[1]), parts[2:] == ["kill"])
+    raise ValueError(f"{FAULT_ENV}={text!r} is not a fault to inject: use RANK:STEP (that rank raises at that "
+                     f"step) or RANK:STEP:kill (it kills itself), e.g. 1:8 or 1:8:kill; or unset {FAULT_ENV}")
+
+
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (computed in fp32)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -59,6 +82,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, *, recorder: hooks.Recorder | None = None,
                  skip_grad_sync: bool = False) -> None:
+        self._fault = parse_fault(os.environ.get(FAULT_ENV))  # refused before the model is built
         self.cfg = cfg
         self.device_type = device_type()
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -92,8 +116,6 @@ class Trainer:
         if lay.pp > 1:
             self.schedule = build_schedule(self.par.stages, lay, self.n_micro, loss_fn, self.device,
                                            self.meshes.group("pp"), recorder=self.rec)
-        fault = os.environ.get(FAULT_ENV, "")
-        self._fault = fault.split(":") if fault else None
         self.losses: list[float | None] = []
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -121,8 +143,8 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------------
     def step(self, i: int) -> StepResult:
         cfg, lay, rec = self.cfg, self.layout, self.rec
-        if self._fault and self._fault[:2] == [str(self.meshes.rank), str(i)]:
-            if self._fault[2:] == ["kill"]:
+        if self._fault is not None and (self._fault.rank, self._fault.step) == (self.meshes.rank, i):
+            if self._fault.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault ({FAULT_ENV}) on rank {self.meshes.rank} at step {i}")
         if self.device_type != "cpu":
