@@ -43,7 +43,7 @@ from powertrain.shared_fs import wait_for_file
 from powertrain.store.reserve import RUN_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, read_json, set_file_mode
 from powertrain.store.tables import finalize
-from powertrain.supervise import signal_reason, stop_orphans, supervise
+from powertrain.supervise import inherited_visible_devices, signal_reason, stop_orphans, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 from powertrain.telemetry.sampler import WRITE_FAILED
 
@@ -248,6 +248,7 @@ class Monitor:
             "sampler": {"rate_hz": self.rate_hz, "backends": self.backends},
             # leading steps per rank that are warm-up, for steps recorded without a window
             "warmup_steps": self.warmup_steps,
+            "visible_devices": inherited_visible_devices(),
         }
         self.run.write(self.info)
 

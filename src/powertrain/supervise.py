@@ -50,6 +50,20 @@ SUPERVISOR_ENV = "POWERTRAIN_SUPERVISOR"
 RECORD_SUFFIX = ".supervisor.json"
 
 
+# The variables that choose which GPUs a process sees (its cuda:i is the i-th GPU they leave; ROCm
+# applies ROCR's, then HIP's indexes into what is left). A command inherits them from the supervisor.
+VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def inherited_visible_devices(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``run.json`` ``visible_devices``: each of :data:`VISIBLE_DEVICES_VARS` as this process has it
+    (``environ``, default ``os.environ``), ``None`` when unset and ``""`` only when set empty (which
+    hides every GPU). The samplers number GPUs by the vendor library's index whatever these say, so
+    without them a rank's ``cuda:0`` cannot be told apart from the sampler's ``gpu0``."""
+    env = os.environ if environ is None else environ
+    return {var: env.get(var) for var in VISIBLE_DEVICES_VARS}
+
+
 def signal_reason(code: int) -> str:
     """``killed by SIGTERM`` for a negative exit code (a signal), else ``exited with code N``."""
     if code < 0:

@@ -113,6 +113,8 @@ class StepData:
     dropped: dict[str, Any] = field(default_factory=lambda: {"count": 0, "reasons": {}, "first": None})
     # step events whose number the rank had used before (see repeated_steps)
     repeated: dict[str, Any] = field(default_factory=lambda: dict(NO_REPEATS))
+    # per step: which use of its number it is (0 first); (repeats[i], steps[i]) names step i (event_repeats)
+    repeats: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def n(self) -> int:
@@ -190,7 +192,7 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
         rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
-        window_rule=rule, dropped=dropped, repeated=repeated,
+        window_rule=rule, dropped=dropped, repeated=repeated, repeats=slots[:, 0].astype(np.int64),
     )
 
 
@@ -218,6 +220,48 @@ def _ordinal(steps_t: pa.Table, *, by_step: bool) -> np.ndarray:
     ordinal = np.empty(n, dtype=np.int64)
     ordinal[order] = np.arange(n) - run_start
     return ordinal
+
+
+def event_repeats(events: pa.Table) -> np.ndarray:
+    """Per event of ``events``: which use of its step number on its rank it belongs to, so that
+    ``(repeat, step)`` names a step as :func:`measured_steps` does (``StepData.repeats``, ``.steps``).
+
+    A step event's is its place among its rank's step events of that number (by start time, after
+    :func:`screen_steps`); another event's (forward, backward, phase, …) is that of the last of those
+    that started at or before it, 0 when none did. -1 for an event without a step number and for a
+    step event :func:`screen_steps` drops."""
+    n = events.num_rows
+    out = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    has = ~(pc.is_null(events["step"]).to_numpy(zero_copy_only=False)
+            | pc.is_null(events["rank"]).to_numpy(zero_copy_only=False)
+            | pc.is_null(events["t_start_ns"]).to_numpy(zero_copy_only=False))
+    is_step = pc.fill_null(pc.equal(events["kind"], "step"), False).to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        dur = _durations_s(events)
+        ok = np.isfinite(dur) & (dur > 0) & (dur <= MAX_STEP_S)  # what screen_steps keeps
+    steps_i = np.flatnonzero(has & is_step & ok)
+    if len(steps_i):
+        out[steps_i] = _ordinal(events.take(pa.array(steps_i)), by_step=True)
+    others = np.flatnonzero(has & ~is_step)
+    if not len(others) or not len(steps_i):
+        out[others] = 0
+        return out
+    idx = np.r_[steps_i, others]
+    rank = events["rank"].take(pa.array(idx)).to_numpy(zero_copy_only=False).astype(np.int64)
+    step = events["step"].take(pa.array(idx)).to_numpy(zero_copy_only=False).astype(np.int64)
+    t0 = events["t_start_ns"].take(pa.array(idx)).to_numpy(zero_copy_only=False).astype(np.int64)
+    _, group = np.unique(np.stack([rank, step], axis=1), axis=0, return_inverse=True)
+    _, when = np.unique(t0, return_inverse=True)  # dense time order: group × width + when stays in int64
+    width = len(idx) + 1
+    key = group.reshape(-1).astype(np.int64) * width + when.reshape(-1)
+    step_keys = np.sort(key[: len(steps_i)])
+    other_keys = key[len(steps_i):]
+    started = np.searchsorted(step_keys, other_keys, side="right")
+    group_first = np.searchsorted(step_keys, other_keys - other_keys % width, side="left")
+    out[others] = np.maximum(started - group_first - 1, 0)
+    return out
 
 
 def repeated_steps(all_steps: pa.Table, repeat: np.ndarray) -> dict[str, Any]:

@@ -30,7 +30,9 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
     out: Path = typer.Option(..., "--out", "-o", help="Run directory to create (must not exist or be empty)."),
     tz: str | None = typer.Option(
         None, "--tz", help="Time zone of local-time stamps in the sources (IANA name, UTC, +HH:MM). "
-        "Default: this machine's zone; recorded in run.json."),
+        "Default: this machine's zone; recorded in run.json. Refused when no source holds a local time "
+        "(Perseus profiles, NeMo logs, Zeus windows, MLLOG, stamps with their own zone) and no --anchor or "
+        "--window time is written without a zone."),
     gpus: int | None = typer.Option(
         None, "--gpus", min=1, help="nvsmi without an index/uuid column: GPUs per sample (default: inferred)."),
     host: list[str] | None = typer.Option(
@@ -92,7 +94,8 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
     `powertrain report` show step time, throughput and, where power was imported, energy.
 
     An option that no source of the import reads (--gpus, --host, --gpus-per-node, --seq-len, --anchor,
-    --warmup-steps, --hta; --tz unless the sources, --anchor or --window read it) is refused.
+    --warmup-steps, --hta; --tz unless a source holds local wall-clock stamps or an --anchor / --window
+    time has no zone) is refused.
     """
     anchor_ns = _anchor_ns(anchor, tz)
     cap = _max_bytes(max_bytes)
@@ -101,6 +104,10 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
                                    hta=hta or None, warmup_steps=warmup_steps)
     if window is not None:  # --window
         options["window_ns"] = _window_ns(window, tz)
+    from powertrain.importers.common import reads_zone
+
+    # --tz also places the --anchor / --window times written without a zone, whatever the sources hold
+    options["zone_of_options"] = any(reads_zone(t) for t in [anchor or "", *(window or "").split(",")] if t)
     runs = _mlperf_runs(kind, sources, result)
     if runs is None:
         builder, run_dir = _import(kind, sources, out, force=force, max_bytes=cap, **options)

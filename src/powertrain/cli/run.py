@@ -75,12 +75,12 @@ def run(
     backends: Annotated[str, typer.Option("--backends", help="auto, or a comma list of nvidia, amd, host.")] = "auto",
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, max=1e9,
                                                   help="Stop the run after this many seconds.")] = None,
-    check_only: Annotated[bool, typer.Option("--check", help="Only validate the spec; start nothing.")] = False,
+    check_only: Annotated[bool, typer.Option("--check", help="Only validate the spec and the options; start nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print per-step progress.")] = False,
-    nnodes: Annotated[int | None, typer.Option("--nnodes", help="Nodes of the run (= hardware.nodes); under srun: SLURM_NNODES.", rich_help_panel="Several nodes")] = None,
-    node_rank: Annotated[int | None, typer.Option("--node-rank", help="This node's index, 0 owns the run; under srun: SLURM_NODEID.", rich_help_panel="Several nodes")] = None,
+    nnodes: Annotated[int | None, typer.Option("--nnodes", min=1, help="Nodes of the run (= hardware.nodes); under srun: SLURM_NNODES.", rich_help_panel="Several nodes")] = None,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", min=0, help="This node's index, 0 owns the run; under srun: SLURM_NODEID.", rich_help_panel="Several nodes")] = None,
     master_addr: Annotated[str | None, typer.Option("--master-addr", help="Node 0's address; under srun: the job's first host.", rich_help_panel="Several nodes")] = None,
-    master_port: Annotated[int | None, typer.Option("--master-port", help="A free port on node 0; under srun: derived from the job id.", rich_help_panel="Several nodes")] = None,
+    master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535, help="A free port on node 0; under srun: derived from the job id.", rich_help_panel="Several nodes")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Label of this node's telemetry (default: the host name).", rich_help_panel="Several nodes")] = None,
     allow_unapplied: Annotated[bool, typer.Option("--allow-unapplied", help="Run even when a device control (knobs.power_limit_w, sm_clock_mhz, mem_clock_mhz) cannot be set here; run.json records it as not applied.")] = False,
 ) -> None:
@@ -88,6 +88,8 @@ def run(
 
     The configuration is checked first: a broken rule (world size ≠ product of the degrees, heads
     not divisible by tp, fewer layers than stages, …) is reported with a fix and nothing starts.
+    --check stops there, after the options too (node options, --rate, --backends, --out); only what
+    needs this node's devices (their count and model, device controls) is left to the launch.
     Then torchrun starts hardware.devices_per_node ranks (CPU + gloo, or CUDA + NCCL when GPUs
     are present) under the telemetry sampler. The run directory gets run.json (resolved spec,
     status, rank map with dp/tp/pp/cp/ep coordinates), telemetry/, events/rank-<r>.parquet (step,
@@ -98,7 +100,9 @@ def run(
     --out, on a filesystem every node shares. Node 0 owns run.json; every node runs its own
     sampler (telemetry/<host>.parquet) and its devices_per_node ranks (global rank = node ×
     devices_per_node + local rank). Under `srun --ntasks-per-node=1` the node options come from
-    Slurm; elsewhere pass --nnodes, --node-rank, --master-addr and --master-port on each node.
+    Slurm; elsewhere pass --nnodes, --node-rank, --master-addr and --master-port on each node. A
+    one-node spec runs torchrun --standalone, which picks its own address and port: these options
+    are refused there.
 
     Examples:
 
@@ -120,18 +124,21 @@ def run(
     DP knobs without DP, a pipeline schedule at PP=1) is refused, naming it.
     """
     cfg = _checked_config(spec)
+    try:
+        # the same checks with and without --check: only what needs this node's devices is left to the launch
+        nodes = _checked_options(cfg, out, rate, backends, nnodes, node_rank, master_addr, master_port)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     if check_only:
         err.print(f"[green]ok:[/] {escape(shown(spec))} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
                   f"world {cfg.world})")
         return
     from powertrain.launch.local import launch_local
 
+    if out is None:
+        out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     try:
-        nodes = _node_options(cfg, nnodes, node_rank, master_addr, master_port)
-        if out is None:
-            if nodes.nnodes > 1:
-                raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")
-            out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
         res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
                            echo=not quiet, timeout_s=timeout, host=host, nnodes=nodes.nnodes,
                            node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
@@ -181,6 +188,29 @@ class _Nodes:
     node_rank: int
     master_addr: str | None
     master_port: int | None
+
+
+def _checked_options(cfg: RunConfig, out: Path | None, rate: float, backends: str, nnodes: int | None,
+                     node_rank: int | None, master_addr: str | None, master_port: int | None) -> _Nodes:
+    """This node's place in the run, after refusing (ValueError, one line) the options a launch would
+    refuse before or just after it starts: node options that do not fit the spec, a sampling rate or
+    backend the sampler refuses, a missing --out for several nodes, an --out that already holds a run."""
+    from powertrain.core.sampling import MAX_RATE_HZ
+    from powertrain.launch.local import check_node_options
+    from powertrain.telemetry.discover import BACKEND_NAMES
+
+    nodes = _node_options(cfg, nnodes, node_rank, master_addr, master_port)
+    check_node_options(cfg, nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port,
+                       node_rank_given=node_rank is not None)
+    if not 0 < rate <= MAX_RATE_HZ:  # nan fails too
+        raise ValueError(f"--rate must be in (0, {MAX_RATE_HZ:g}] samples per second, got {rate:g}")
+    if backends != "auto" and any(x.strip().lower() not in BACKEND_NAMES for x in backends.split(",")):
+        raise ValueError(f"--backends {backends!r}: give auto, or a comma list of {', '.join(BACKEND_NAMES)}")
+    if out is None and nodes.nnodes > 1:
+        raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")
+    if out is not None and nodes.node_rank == 0 and (out / "run.json").exists():
+        raise ValueError(f"{out} already holds a run (run.json exists); choose a new --out folder or delete the old run")
+    return nodes
 
 
 def _node_options(cfg: RunConfig, nnodes: int | None, node_rank: int | None, master_addr: str | None,

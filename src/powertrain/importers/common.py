@@ -339,6 +339,20 @@ def parse_anchor(text: str, tz: str | None = None) -> int:
     return t_ns
 
 
+def reads_zone(text: str) -> bool:
+    """Whether :func:`parse_anchor` reads ``text`` in its ``tz``: an ISO-8601 time without a zone of its own
+    (epoch seconds and a time with a zone need none)."""
+    s = text.strip()
+    try:
+        float(s)
+    except ValueError:
+        try:
+            return dt.datetime.fromisoformat(s).tzinfo is None
+        except ValueError:
+            return False
+    return False
+
+
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _Y2001_NS = 978_307_200 * 1_000_000_000
 
@@ -413,6 +427,10 @@ class RunBuilder:
     warnings: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # extra run.json fields (summaries, detected events)
     devices: list[dict[str, Any]] = field(default_factory=list)
+    # Whether a time was read in the import's zone (a stamp without its own zone), and for each source
+    # that has none, why: --tz is refused when no source reads it (registry.build).
+    read_local_times: bool = False
+    no_local_times: list[str] = field(default_factory=list)
     _telemetry: dict[str, list[pa.Table]] = field(default_factory=dict)
     _events: list[pa.Table] = field(default_factory=list)
 
@@ -426,6 +444,10 @@ class RunBuilder:
         """Record a tolerated quirk in run.json and show it as a Python warning."""
         self.warnings.append(message)
         warnings.warn(message, ImportWarning_, stacklevel=2)
+
+    def times_without_zone(self, path: str | os.PathLike[str], why: str) -> None:
+        """Record that ``path`` holds no local wall-clock time (``why``: what its times are instead)."""
+        self.no_local_times.append(f"{Path(path).name}: {why}")
 
     def drop(self, what: str) -> None:
         if what not in self.dropped:

@@ -305,16 +305,23 @@ def import_framework_log(
             ev, used = parse_megatron(p, b, tzinfo, seq_len, anchor_ns)
             events += ev
             anchor_used |= used
+            if used:
+                b.times_without_zone(p, "Megatron lines without [date] stamps hold durations only, placed by --anchor")
+            else:
+                b.read_local_times = True
         elif engine == "torchtitan":
             events += parse_torchtitan(p, b, tzinfo, seq_len)
+            b.read_local_times = True  # every step line is stamped in local time
         elif engine == "nemo":
             events += parse_nemo(p, b, anchor_ns, seq_len)
             anchor_used = True
+            b.times_without_zone(p, "NeMo progress lines hold durations only, placed by --anchor")
         else:
             from powertrain.importers.mlperf import read_result_log
 
             ev, facts = read_result_log(p, b)
             events += ev
+            b.times_without_zone(p, "MLLOG time_ms is epoch milliseconds")
             declared = "MLPerf run_start → run_stop"
             b.info["mlperf"] = {k: facts.get(k) for k in ("run_start_ms", "run_stop_ms", "status", "train_steps")}
     if anchor_ns is not None and not anchor_used:

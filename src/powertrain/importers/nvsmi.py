@@ -339,4 +339,5 @@ def import_nvsmi(
     for i, f in enumerate(files):
         b.add_source(f, role="telemetry")
         read_nvsmi(f, b, hosts[i] if hosts else f"node{i}", tzinfo, gpus)
+        b.read_local_times = True  # its timestamp column is always local time
     return b

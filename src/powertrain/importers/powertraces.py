@@ -55,12 +55,14 @@ BASES: dict[str, str] = {
 REQUIRED = ("timestamp", "gpu_id")
 
 
-def _iso_ns(s: str, tz: dt.tzinfo) -> int:
+def _iso_ns(s: str, tz: dt.tzinfo) -> tuple[int, bool]:
+    """(epoch ns, whether the stamp had no zone of its own and was read in ``tz``)."""
     d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    if d.tzinfo is None:
+    local = d.tzinfo is None
+    if local:
         d = d.replace(tzinfo=tz)
     # integer arithmetic keeps microseconds exact
-    return (int(d.replace(microsecond=0).timestamp()) * 1_000_000 + d.microsecond) * 1000
+    return (int(d.replace(microsecond=0).timestamp()) * 1_000_000 + d.microsecond) * 1000, local
 
 
 def column_of(path: Path, header: str) -> tuple[str, float, float, str] | None:
@@ -120,9 +122,11 @@ def read_powertraces(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo) 
             if len(row) != len(header):
                 raise SourceFormatError(path, lineno, f"expected {len(header)} values like the header, found {len(row)}")
             try:
-                t.append(_iso_ns(row[ti], tz))
+                ns, local = _iso_ns(row[ti], tz)
             except ValueError:
                 raise SourceFormatError(path, lineno, f"timestamp {row[ti]!r} is not ISO-8601") from None
+            t.append(ns)
+            builder.read_local_times |= local
             g = row[gi].strip()
             if not g.isdigit():
                 raise SourceFormatError(path, lineno, f"gpu_id {g!r} is not a GPU index")
@@ -165,7 +169,12 @@ def import_powertraces(paths: Sequence[str | Path], tz: str | None = None, name:
     b.info["import_timezone"] = {"zone": tzname, "note": "used only for timestamps without a zone"}
     for i, p in enumerate(map(Path, paths)):
         b.add_source(p, role="telemetry")
+        before = b.read_local_times
+        b.read_local_times = False
         read_powertraces(p, b, f"node{i}", tzinfo)
+        if not b.read_local_times:
+            b.times_without_zone(p, "every timestamp carries its own zone (Z or ±HH:MM)")
+        b.read_local_times |= before
         meta = p.with_name(p.name.removesuffix(".csv") + ".meta.json")
         if meta.is_file():
             import json

@@ -134,8 +134,13 @@ def set_user_window(b: RunBuilder, window_ns: tuple[int, int]) -> None:
 
 
 def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events: bool = True,
-          name: str | None = None, window_ns: tuple[int, int] | None = None, **options: Any) -> RunBuilder:
-    """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything."""
+          name: str | None = None, window_ns: tuple[int, int] | None = None, zone_of_options: bool = False,
+          **options: Any) -> RunBuilder:
+    """Parse ``sources`` (see module doc) into one :class:`RunBuilder`, without writing anything.
+
+    ``tz`` is refused (ValueError, one line) when no source holds a local wall-clock time it would place,
+    unless ``zone_of_options``: the caller read a time of its own in it (the CLI's ``--anchor`` /
+    ``--window`` without a zone)."""
     groups = group_sources(kind, sources)
     refused = []  # (flag, who reads it): all named in one line, not one per attempt
     for opt, flag in _REFUSED_UNLESS_READ.items():
@@ -143,10 +148,9 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
             continue
         readers = ", ".join(k for k, o in _OPTIONS.items() if opt in o)
         if opt == "tz":
-            # the CLI reads --anchor and --window times without a zone in --tz, whatever the sources
-            if options.get("anchor_ns") is not None or window_ns is not None:
+            if zone_of_options:
                 continue
-            readers += ", and the times of --anchor and --window"
+            readers += ", and the times of --anchor and --window without a zone"
         refused.append((flag, readers))
     if len(refused) == 1:
         (flag, readers), = refused
@@ -159,6 +163,10 @@ def build(kind: str, sources: Sequence[str | os.PathLike[str]], *, detect_events
         opts = {o: v for o, v in options.items() if o in _OPTIONS[k] and v is not None}
         builders.append(_importer(k)(paths, name=name, **opts))
     b = merge(builders) if len(builders) > 1 else builders[0]
+    if options.get("tz") is not None and not b.read_local_times and not zone_of_options:
+        # the importers that take --tz read it only for stamps without a zone; these sources have none
+        raise ValueError(f"--tz does not apply: no time in these sources is local wall-clock "
+                         f"({'; '.join(b.no_local_times) or 'none holds a time stamp'}): drop --tz")
     if detect_events and any(k in _TELEMETRY_KINDS for k in groups):
         add_detected_events(b)
     if options.get("anchor_ns") is not None:
@@ -196,6 +204,8 @@ def merge(builders: Sequence[RunBuilder]) -> RunBuilder:
         m.dropped += [f"{b.format}: {d}" for d in b.dropped]
         m.warnings += b.warnings
         m.devices += b.devices
+        m.read_local_times |= b.read_local_times
+        m.no_local_times += b.no_local_times
         for k, v in b.info.items():
             m.info.setdefault(k, v)
         if b.info.get("job_device_count") is not None and m.info.get("job_device_count") is None:

@@ -338,8 +338,11 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
                 (e["step"] for e in events if e["kind"] == "step"), default=-1))
             events += ev
             anchor_used |= used
+            b.times_without_zone(p, "Zeus window start times are time.monotonic() seconds, placed by --anchor"
+                                 if used else "Zeus window start times are epoch seconds")
         elif kind == "power":
             read_power(p, b, tzinfo)
+            b.read_local_times = True
             b.info["import_timezone"] = {"zone": tzname, "note": "Zeus power CSV times are local wall-clock"}
         else:
             if anchor_ns is None:
@@ -351,6 +354,7 @@ def import_zeus(paths: Sequence[str | Path], tz: str | None = None, name: str | 
                                    first_step=max((e["step"] for e in prior), default=-1) + 1)
             anchor_used = True
             perseus.append(p.name)
+            b.times_without_zone(p, "a Perseus profile holds durations only, placed by --anchor")
     if anchor_ns is not None and not anchor_used:
         raise ValueError("--anchor is only for sources without wall-clock times (Perseus profiles, monotonic "
                          "Zeus windows), and none was given: drop --anchor")

@@ -58,7 +58,7 @@ from powertrain.shared_fs import wait_node_samplers
 from powertrain.spec.run import RunConfig
 from powertrain.spec.validate import check
 from powertrain.store.rundir import RunDir, default_host, read_json, write_json_atomic
-from powertrain.supervise import supervise
+from powertrain.supervise import inherited_visible_devices, supervise
 
 CRASH_GRACE_S = 20.0
 STOP_GRACE_S = 10.0
@@ -307,7 +307,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
                  env: Mapping[str, str] | None = None, nnodes: int = 1, node_rank: int = 0,
                  master_addr: str | None = None, master_port: int | None = None,
                  host: str | None = None, allow_unapplied: bool = False,
-                 controls_binding: Any | None = None) -> RunResult:
+                 controls_binding: Any | None = None) -> RunResult:  # long function: node 0's and the other nodes' launch read top to bottom, each with its own clean-up
     """Run this node's share of ``cfg``; returns how it ended (the run directory holds the rest).
 
     One node (``nnodes=1``): the whole run. Several: call it once on every node with the same
@@ -361,7 +361,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
         return RunResult(mon.run.path, info["status"], info["reason"], code, info)
 
     mon.attach()
-    record: dict[str, Any] = {"node_rank": node_rank, "host": host, "exit_code": None}
+    record: dict[str, Any] = {"node_rank": node_rank, "host": host, "exit_code": None,
+                              "visible_devices": inherited_visible_devices()}  # this node's, for the rank map
     try:
         write_json_atomic(_node_record(mon.run, node_rank), {"node_rank": node_rank, "host": host, "pid": os.getpid()})
         wait_for_shared_file(spec_path, 60.0, "node 0's spec.json")
@@ -384,19 +385,36 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     return RunResult(mon.run.path, record["status"], record["reason"], code, record)
 
 
-def _check_node(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | None,
-                master_port: int | None) -> str:
-    """This node's device type, after refusing (ValueError, one line) node options that do not fit the
-    spec, more ranks than this node has devices, and a ``launch.device_order`` naming a missing GPU."""
-    check(cfg)
+def check_node_options(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | None,
+                       master_port: int | None, *, node_rank_given: bool = False) -> None:
+    """Refuse (ValueError, one line) node options that do not fit the spec; touches no device, so
+    ``powertrain run --check`` runs it as a launch does. ``node_rank_given``: the caller named a node
+    rank (the command line's --node-rank), which a one-node launch has no use for either."""
     if nnodes != cfg.hardware.nodes:
         how = ("set hardware.nodes: 1 or launch on every node (srun, or --nnodes/--node-rank/--master-addr/"
                "--master-port)") if nnodes == 1 else f"pass --nnodes {cfg.hardware.nodes}"
         raise ValueError(f"the spec asks for {cfg.hardware.nodes} node(s) but this launch has {nnodes}; {how}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank {node_rank} outside 0…{nnodes - 1}; give each node its own --node-rank")
+    if nnodes == 1:
+        # torchrun --standalone picks its own address and port: these would be dropped without a word
+        unused = [flag for flag, given in (("--node-rank", node_rank_given), ("--master-addr", master_addr is not None),
+                                           ("--master-port", master_port is not None)) if given]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} to a run of several "
+                             f"nodes (hardware.nodes > 1) and this spec runs on one node; drop "
+                             f"{'it' if len(unused) == 1 else 'them'}")
     if nnodes > 1 and (not master_addr or not master_port):
         raise ValueError("several nodes need node 0's address and a free port: --master-addr A --master-port P")
+
+
+def _check_node(cfg: RunConfig, nnodes: int, node_rank: int, master_addr: str | None,
+                master_port: int | None) -> str:
+    """This node's device type, after refusing (ValueError, one line) node options that do not fit the
+    spec (:func:`check_node_options`), more ranks than this node has devices, and a
+    ``launch.device_order`` naming a missing GPU."""
+    check(cfg)
+    check_node_options(cfg, nnodes, node_rank, master_addr, master_port)
     dev, count = accelerator()
     if is_cpu_name(cfg.hardware.device):  # its ranks see no GPU (visible_devices_env): a CPU run, as named
         return "cpu"
@@ -422,18 +440,27 @@ def _gpu_name() -> str | None:
 
 def _note_placement(info: dict[str, Any], cfg: RunConfig, stand_in: dict[str, Any] | None,
                     restored: list[dict[str, Any]], env: Mapping[str, str]) -> None:
-    """run.json: the host probe of a CPU run, the stand-in, the rank → GPU order, and what a killed
-    run's left-overs needed restoring at this start."""
+    """run.json: the host probe of a CPU run, the stand-in, the rank → GPU order, the visible-devices
+    variables this launch inherited, and what a killed run's left-overs needed restoring at this start."""
     if is_cpu_name(cfg.hardware.device) or stand_in:  # CPU speed as the ranks see it, for predict/analyze
         info["host_probe"] = record_host_probe(cfg.hardware.devices_per_node, {**os.environ, **env})
     if stand_in is not None:
         info["stand_in"] = stand_in
+    # run.json's visible_devices (Monitor records what this process inherited): without launch.device_order
+    # the ranks keep them, so their cuda:i is the i-th GPU listed there, not the sampler's gpu<i> (analysis
+    # maps them through it); with an order they are replaced.
     if cfg.launch.device_order is not None:
         info["device_order"] = list(cfg.launch.device_order)
-        for r in info.get("rank_map", []):
-            r["local_device"] = cfg.launch.device_order[r["local_rank"]]
+    _place_ranks(info.get("rank_map", []), cfg)
     if restored:
         info["restored_at_start"] = restored
+
+
+def _place_ranks(entries: list[dict[str, Any]], cfg: RunConfig) -> None:
+    """Each rank's GPU index (``local_device``) where ``launch.device_order`` placed it."""
+    if cfg.launch.device_order is not None:
+        for r in entries:
+            r["local_device"] = cfg.launch.device_order[r["local_rank"]]
 
 
 def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: str | None,
@@ -449,8 +476,10 @@ def _join_nodes(mon: Monitor, cfg: RunConfig, nnodes: int, status: str, reason: 
         except (OSError, ValueError):
             hosts.append(None)
     mon.info["rank_map"] = rank_map(cfg, hosts, dev)
+    _place_ranks(mon.info["rank_map"], cfg)  # the rebuilt map keeps the placement node 0 recorded
     mon.info["hosts"] = sorted({*mon.info.get("hosts", []), *(h for h in hosts if h)})
-    mon.info["nodes"]["exits"] = {str(r): {k: d.get(k) for k in ("host", "status", "reason", "exit_code", "controls")}
+    mon.info["nodes"]["exits"] = {str(r): {k: d.get(k) for k in ("host", "status", "reason", "exit_code", "controls",
+                                                                 "visible_devices")}
                                   if (d := done.get(r)) else None for r in range(1, nnodes)}
     bad = {r: d for r, d in sorted(done.items()) if d.get("status") != "ok"}
     missing = [r for r in range(1, nnodes) if r not in done]

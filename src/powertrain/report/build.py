@@ -366,7 +366,9 @@ def _step_time(rep: Report, name: str, events: Any, info: dict[str, Any]) -> Non
     rep.figure("rank_heatmap", lambda: F.rank_heatmap(sd.rank_step_s, sd.ranks, sd.steps.tolist(),
                                                       f"{name}: per-rank step time"),
                "Per-rank step time across measured steps: a straggler is a bright row.")
-    phases = steps_mod.self_phases(events, set(sd.steps.tolist()))
+    # the analysis' own phases of the measured steps: selecting by step number alone would also take
+    # the warm-up (or another epoch's) events of a number that a rank used more than once
+    phases = sd.phases
     if phases:
         kinds = sorted({p["kind"] for p in phases})
         ranks = sd.ranks
@@ -585,7 +587,7 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]], sweep: P
         run_path = sweep / str(r["id"])
         events = read_events(run_path) if (run_path / "events").is_dir() else None
         sd = steps_mod.measured_steps(events) if events is not None and events.num_rows else None
-        phases = steps_mod.self_phases(events, set(sd.steps.tolist())) if sd is not None else []
+        phases = sd.phases if sd is not None else []  # as in the run's report: a reused number counts once per use
         n = sd.n if sd is not None else 0
         if not phases or not n:
             continue
@@ -623,15 +625,22 @@ def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[
     Drawn only where ranks recorded stage calls (forward / backward events with ``attrs.stage``, as the
     built-in trainer's timed pipeline stages write); one data-parallel / tensor-parallel replica is shown.
     """
+    # A step is (repeat, number) as in the analysis (steps_mod.event_repeats): a number a rank used more
+    # than once (an epoch loop's index) is several steps, never one.
+    events = events.append_column("_repeat", pa.array(steps_mod.event_repeats(events), pa.int64()))
     sel = events.filter(pc.and_(pc.is_in(events["kind"], pa.array(["forward", "backward", "phase"])),
                                 pc.is_in(events["step"], pa.array(sorted(set(sd.steps.tolist())), pa.int64()))))
+    measured = set(zip(sd.repeats.tolist(), sd.steps.tolist(), strict=True))
     coords = {int(e["rank"]): e.get("coords") or {} for e in rank_map if "rank" in e}
     calls: list[dict[str, Any]] = []
-    spans: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, step) -> pipeline phase
+    spans: dict[tuple[int, tuple[int, int]], tuple[int, int]] = {}  # (rank, (repeat, step)) -> pipeline phase
     for e in sel.to_pylist():
+        sid = (e["_repeat"], e["step"])
+        if sid not in measured:
+            continue  # a warm-up use of a measured step's number
         if e["kind"] == "phase":
             if e["name"] == "pipeline":
-                spans[(e["rank"], e["step"])] = (e["t_start_ns"], e["t_end_ns"])
+                spans[(e["rank"], sid)] = (e["t_start_ns"], e["t_end_ns"])
             continue
         a = _attrs(e["attrs"])
         if "stage" in a and e["microbatch"] is not None:
@@ -639,19 +648,20 @@ def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[
             if c.get("dp", 0) or c.get("tp", 0) or c.get("cp", 0):
                 continue  # other replicas repeat the same schedule
             kind = "loss" if a.get("part") == "loss" else e["kind"]
-            calls.append({**e, "stage": int(a["stage"]), "what": kind})
+            calls.append({**e, "sid": sid, "stage": int(a["stage"]), "what": kind})
     if not calls:
         return
     rep.h("Per pipeline stage")
-    step = int(sd.steps[-1])  # the last measured step: past warm-up, typical of the steady state
-    mine = [c for c in calls if c["step"] == step]
+    last = (int(sd.repeats[-1]), int(sd.steps[-1]))  # the last measured step: past warm-up, typical of the steady state
+    step = f"{last[1]}" + (f" (use {last[0] + 1} of that number)" if last[0] else "")
+    mine = [c for c in calls if c["sid"] == last]
     ranks_of = sorted({(c["stage"], c["rank"]) for c in calls})[:MAX_PIPELINE_ROWS]
-    t0 = min([c["t_start_ns"] for c in mine] + [a for (r, s), (a, _) in spans.items() if s == step])
+    t0 = min([c["t_start_ns"] for c in mine] + [a for (r, s), (a, _) in spans.items() if s == last])
     rows = []
     for stage, rank in ranks_of:
         boxes = [(c["what"], int(c["microbatch"]), (c["t_start_ns"] - t0) / 1e6, (c["t_end_ns"] - t0) / 1e6)
                  for c in mine if c["stage"] == stage and c["rank"] == rank]
-        sp = spans.get((rank, step))
+        sp = spans.get((rank, last))
         rows.append((f"stage {stage} (rank {rank})", sorted(boxes, key=lambda b: b[2]),
                      ((sp[0] - t0) / 1e6, (sp[1] - t0) / 1e6) if sp else None))
     rep.figure("pipeline_schedule", lambda: F.pipeline_schedule(
@@ -664,11 +674,11 @@ def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[
         mycalls = [c for c in calls if c["stage"] == stage and c["rank"] == rank]
         fwd = [c for c in mycalls if c["what"] == "forward"]
         bwd = [c for c in mycalls if c["what"] == "backward"]
-        busy: dict[int, int] = {}
+        busy: dict[tuple[int, int], int] = {}
         for c in mycalls:
-            busy[c["step"]] = busy.get(c["step"], 0) + c["t_end_ns"] - c["t_start_ns"]
+            busy[c["sid"]] = busy.get(c["sid"], 0) + c["t_end_ns"] - c["t_start_ns"]
         # bubble share of the rank's pipeline phase; a rank holding several stages shares one phase
-        rank_busy = {s: sum(c["t_end_ns"] - c["t_start_ns"] for c in calls if c["rank"] == rank and c["step"] == s)
+        rank_busy = {s: sum(c["t_end_ns"] - c["t_start_ns"] for c in calls if c["rank"] == rank and c["sid"] == s)
                      for s in busy}
         shares = [1 - rank_busy[s] / (spans[(rank, s)][1] - spans[(rank, s)][0]) for s in busy
                   if (rank, s) in spans and spans[(rank, s)][1] > spans[(rank, s)][0]]

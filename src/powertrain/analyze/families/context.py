@@ -2,7 +2,8 @@
 
 Which devices count (:func:`select_devices`): the devices the run's ranks ran on, when ``run.json``'s
 ``rank_map`` says so for every rank — an accelerator rank's GPU (``local_device`` when the launch
-placed ranks by ``launch.device_order``, else the index in its device name: ``cuda:1`` → ``gpu1``), a
+placed ranks by ``launch.device_order``, else the index in its device name: ``cuda:1`` → ``gpu1``, or
+the second GPU of the ``CUDA_VISIBLE_DEVICES`` the launch inherited, ``run.json`` ``visible_devices``), a
 CPU rank's host devices (``cpu`` rows of its host). Other sampled accelerators (idle GPUs of the node,
 the GPUs a CPU-spec run hides from its ranks) are listed under ``per_device`` but not counted, and a
 note names them. Without such a map (imports, ``powertrain monitor``): the accelerators (every device
@@ -67,6 +68,7 @@ class RunContext:
     no_tel: str | None  # the reason for every telemetry metric when there is no telemetry in the window
     notes: list[str]
     selection: dict[str, Any] = field(default_factory=dict)  # how ``counted`` was chosen (select_devices)
+    visible: dict[int, list[str]] = field(default_factory=dict)  # node → its ranks' GPUs (visible_by_node)
 
     @property
     def config(self) -> Any:
@@ -93,7 +95,8 @@ class RunContext:
     @property
     def rank_dev(self) -> dict[int, DeviceKey]:
         """Rank → the (host, device) of its telemetry, from the rank map (:func:`rank_device`)."""
-        return {int(e["rank"]): rank_device(e) or (e.get("host"), e.get("device")) for e in self.rank_map if "rank" in e}
+        return {int(e["rank"]): rank_device(e, self.visible.get(_node(e))) or (e.get("host"), e.get("device"))
+                for e in self.rank_map if "rank" in e}
 
     @property
     def coords(self) -> dict[int, dict[str, Any]]:
@@ -158,10 +161,10 @@ PER_DEVICE_SPECTRUM_MAX_ROWS = 2_000_000
 
 
 def _spectrum_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]],
-                      rank_map: list[dict[str, Any]]) -> set[tuple[str, str]]:
+                      rank_map: list[dict[str, Any]], visible: dict[int, list[str]]) -> set[tuple[str, str]]:
     """The devices whose power spectrum ``per_device`` reports: the counted ones (:func:`select_devices`)
     with power samples, unless they hold more than PER_DEVICE_SPECTRUM_MAX_ROWS together."""
-    counted = select_devices(stats, kinds, rank_map)[0]
+    counted = select_devices(stats, kinds, rank_map, visible=visible)[0]
     pw = [s for s in counted if s.get("power_w_n")]
     if sum(s["power_w_n"] for s in pw) > PER_DEVICE_SPECTRUM_MAX_ROWS:
         return set()
@@ -192,8 +195,10 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     w0, w1, window_source = _window(info, sd, tspan, notes)
     sub = (sd.t_start_ns, sd.t_end_ns) if sd is not None else None
     kinds = _device_kind(info)
+    visible = visible_by_node(info)
     dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S,
-                                        spectra=lambda stats: _spectrum_devices(stats, kinds, info.get("rank_map") or []))
+                                        spectra=lambda stats: _spectrum_devices(stats, kinds, info.get("rank_map") or [],
+                                                                                visible))
                  if n_rows and w1 > w0 else [])
     for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
         e = s.get("energy_integral")
@@ -201,9 +206,10 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
             s["power_w_mean"] = e.mean_power_w
     ctx = RunContext(run=run, info=info, events=events, sd=sd, con=con, w0=w0, w1=w1, window_source=window_source,
                      dev_stats=dev_stats, kinds=kinds, counted=[], accel=False,
-                     no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes)
+                     no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes,
+                     visible=visible)
     ranks_seen = 0 if info.get("kind") == "import" else int(pc.count_distinct(events["rank"]).as_py() or 0)
-    ctx.counted, ctx.accel, ctx.selection = select_devices(dev_stats, kinds, ctx.rank_map, ranks_seen)
+    ctx.counted, ctx.accel, ctx.selection = select_devices(dev_stats, kinds, ctx.rank_map, ranks_seen, visible)
     if ctx.selection.get("note"):
         notes.append(ctx.selection["note"])
     if dev_stats and not ctx.counted:
@@ -215,10 +221,12 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
 _INDEXED = re.compile(r"[A-Za-z_]+:?(\d+)")
 
 
-def rank_device(entry: dict[str, Any]) -> DeviceKey | None:
+def rank_device(entry: dict[str, Any], visible: list[str] | None = None) -> DeviceKey | None:
     """The (host, telemetry device) of a rank-map entry's accelerator: ``gpu<local_device>`` when the
-    launch placed it by ``launch.device_order``, else ``gpu<the index in its device name>``; the
-    samplers name GPUs by their NVML / amdsmi index. None for a CPU rank or a name without an index."""
+    launch placed it by ``launch.device_order``; else the i-th of ``visible`` (its node's GPUs as the
+    ranks saw them, :func:`visible_by_node`) for ``cuda:i``, or ``gpu<i>`` when nothing narrowed them;
+    the samplers name GPUs by their NVML / amdsmi index. None for a CPU rank, a name without an index
+    or an index ``visible`` does not reach."""
     dev = entry.get("device")
     if not isinstance(dev, str) or dev.startswith("cpu"):
         return None
@@ -226,7 +234,74 @@ def rank_device(entry: dict[str, Any]) -> DeviceKey | None:
     if isinstance(local, int) and not isinstance(local, bool):
         return entry.get("host"), f"gpu{local}"
     m = _INDEXED.fullmatch(dev)
-    return (entry.get("host"), f"gpu{m.group(1)}") if m else None
+    if not m:
+        return None
+    i = int(m.group(1))
+    if visible is None:
+        return entry.get("host"), f"gpu{i}"
+    return (entry.get("host"), visible[i]) if i < len(visible) else None
+
+
+def _node(entry: dict[str, Any]) -> int:
+    n = entry.get("node")
+    return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
+# Which recorded variables choose a vendor's GPUs, outermost first (launch.controls applies the same).
+_VISIBLE_VARS = {"nvidia": ("CUDA_VISIBLE_DEVICES",), "amd": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
+
+
+def visible_by_node(info: dict[str, Any]) -> dict[int, list[str]]:
+    """Node → the telemetry names of the GPUs its ranks saw, in their ``cuda:i`` order, from the
+    visible-devices variables the launch inherited (``run.json`` ``visible_devices`` for node 0,
+    ``nodes.exits[n].visible_devices`` for the others) and the node's GPU vendor. A node where none was
+    set is left out (``cuda:i`` is ``gpu<i>``). An entry that is neither an index nor the UUID (or a
+    prefix of it) of a sampled GPU of the node names no device: the list then stops before it, as the
+    CUDA runtime stops at an entry it cannot use, so the ranks past it are not placed."""
+    records: dict[int, Any] = {0: info.get("visible_devices")}
+    for n, ex in ((info.get("nodes") or {}).get("exits") or {}).items():
+        if isinstance(ex, dict) and str(n).isdigit():
+            records[int(n)] = ex.get("visible_devices")
+    hosts = {_node(e): e.get("host") for e in info.get("rank_map") or [] if "rank" in e}
+    out: dict[int, list[str]] = {}
+    for node, rec in records.items():
+        if not isinstance(rec, dict):
+            continue
+        gpus = [d for d in info.get("devices") or [] if d.get("host") == hosts.get(node) and d.get("kind") != "cpu"]
+        vendors = {d.get("vendor") for d in gpus}
+        vendor = next(iter(vendors)) if len(vendors) == 1 else "nvidia"  # CUDA's variable when the vendor is unknown
+        names: list[str] | None = None
+        for var in _VISIBLE_VARS.get(str(vendor), ()):
+            raw = rec.get(var)
+            if not isinstance(raw, str):
+                continue
+            listed: list[str] = []
+            for item in (x.strip() for x in raw.split(",")):
+                name: str | None
+                if names is not None and item.isdigit():  # an inner variable indexes into what the outer left
+                    name = names[int(item)] if int(item) < len(names) else None
+                else:
+                    name = _gpu_named(item, gpus)
+                    if names is not None and name not in names:
+                        name = None
+                if name is None:
+                    break
+                listed.append(name)
+            names = listed
+        if names is not None:
+            out[node] = names
+    return out
+
+
+def _gpu_named(item: str, gpus: list[dict[str, Any]]) -> str | None:
+    """The telemetry name of one visible-devices entry: ``gpu<index>``, or the sampled GPU whose UUID
+    it is or starts (the CUDA runtime accepts a unique prefix); None for anything else (MIG, unknown)."""
+    if item.isdigit():
+        return f"gpu{int(item)}"
+    if not item:
+        return None
+    hits = [d.get("device") for d in gpus if isinstance(d.get("uuid"), str) and d["uuid"].startswith(item)]
+    return str(hits[0]) if len(hits) == 1 else None
 
 
 def _names(stats: list[dict[str, Any]]) -> str:
@@ -234,13 +309,15 @@ def _names(stats: list[dict[str, Any]]) -> str:
 
 
 def select_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str, Any]],
-                   rank_map: list[dict[str, Any]], ranks_seen: int = 0,
+                   rank_map: list[dict[str, Any]], ranks_seen: int = 0, visible: dict[int, list[str]] | None = None,
                    ) -> tuple[list[dict[str, Any]], bool, dict[str, Any]]:
     """Of ``stats`` (one dict per sampled device), the devices the run-level metrics count (see the
     module doc), whether they are accelerators, and how they were chosen (``summary.json``
     ``data_quality.device_selection``: ``rule``, ``not_counted``, ``missing`` (devices a rank ran on
     without telemetry in the window), ``note``). ``ranks_seen``: how many ranks recorded events, for a run
-    without a rank map (0: unknown, as in an import, whose events stand for the whole job)."""
+    without a rank map (0: unknown, as in an import, whose events stand for the whole job). ``visible``:
+    each node's GPUs as its ranks saw them (:func:`visible_by_node`)."""
+    visible = visible or {}
     accel = [s for s in stats if _kind(kinds, s) != "cpu"]
     entries = [e for e in rank_map if "rank" in e]
     tel_hosts = {s["host"] for s in stats}
@@ -249,7 +326,7 @@ def select_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str,
     placed = bool(entries)
     for e in entries:
         dev = e.get("device")
-        key = rank_device(e)
+        key = rank_device(e, visible.get(_node(e)))
         if e.get("host") is None:
             placed = False  # a node whose host never became known: its telemetry cannot be told
         elif isinstance(dev, str) and dev.startswith("cpu"):
@@ -278,7 +355,8 @@ def select_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str,
     not_counted = [s for s in accel if (s["host"], s["device"]) not in have]
     parts = []
     if not_counted:
-        how = ("" if all(isinstance(e.get("local_device"), int) for e in entries if rank_device(e)) else
+        how = ("" if all(isinstance(e.get("local_device"), int) or _node(e) in visible
+                         for e in entries if rank_device(e, visible.get(_node(e)))) else
                " (local rank i on GPU i; if CUDA_VISIBLE_DEVICES was set around the launch, give "
                "launch.device_order instead)")
         parts.append(f"{_names(not_counted)} sampled but no rank ran on them{how}: not counted in energy, power or "
