@@ -43,7 +43,7 @@ DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/dat
 # range from the literature (docs/model.md §8 gives the sources). A fit that ends at a bound means the
 # model's structure is wrong somewhere, not that the coefficient is that value: it fails loudly.
 FIT_PARAMS = ("gemm_eff_16", "gemm_lowp_scale", "gemm_knee", "attn_eff_ratio", "elementwise_scale",
-              "grouped_gemm_eff", "moe_layer_overhead_s", "overlap_eff", "tp_overlap_exposed")
+              "grouped_gemm_eff", "moe_layer_overhead_s", "overlap_eff", "tp_overlap_exposed", "step_overhead_s")
 BOUNDS = {
     "gemm_eff_16": (0.45, 0.92),  # cuBLAS large bf16 GEMMs: 0.7-0.85 of dense peak (A100/H100/B200)
     "gemm_lowp_scale": (0.75, 1.25),  # fp8/fp4 vs the generation's literature ratio (±25 %)
@@ -56,6 +56,9 @@ BOUNDS = {
     "moe_layer_overhead_s": (1e-4, 3e-3),
     "overlap_eff": (0.3, 1.0),  # share of a compute window comm hides behind (1: all of it)
     "tp_overlap_exposed": (0.05, 1.0),  # TE userbuffers: first/last chunk exposed + SM contention (1: no gain)
+    # a step's fixed time outside forward/backward: the optimizer's host syncs (found-inf, grad norm), its
+    # kernel launches after them, the loss's reduction and logging, the next batch's broadcast over TP
+    "step_overhead_s": (2e-3, 0.1),
 }
 _PIN = 0.01  # within 1 % (in log) of a bound counts as pinned
 MOE_ONLY = ("grouped_gemm_eff", "moe_layer_overhead_s")  # only MoE runs constrain these
