@@ -239,7 +239,8 @@ TERM_NAMES = {"compute_s": "GEMM/attention compute", "memory_bound_s": "memory-b
               "cp_comm_exposed_s": "exposed CP communication", "pp_p2p_s": "pipeline send/recv",
               "pp_bubble_s": "pipeline bubble", "pp_stage_imbalance_s": "pipeline stage imbalance",
               "dp_comm_exposed_s": "exposed DP gradient reduction", "fsdp_comm_exposed_s": "exposed FSDP gathers",
-              "optimizer_s": "optimizer step", "overhead_s": "host/launch overhead", "head_s": "logit layer and loss"}
+              "optimizer_s": "optimizer step", "overhead_s": "host/launch overhead",
+              "step_overhead_s": "fixed time per step", "head_s": "logit layer and loss"}
 
 
 def step_term_differences(a: Prediction, b: Prediction) -> list[tuple[str, float, float]]:

@@ -560,7 +560,10 @@ def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pi
         "dp_comm_exposed_s": dp_exposed,
         "fsdp_comm_exposed_s": fsdp_exposed,
         "optimizer_s": t_opt,
-        "overhead_s": c.step_overhead_s + m * n_layers_dev * 3 * layer.overhead_f,
+        # host time inside each micro-batch's stretch of work; the step's fixed time outside it is apart, so
+        # the power model does not count it in a GEMM burst
+        "overhead_s": m * n_layers_dev * 3 * layer.overhead_f,
+        "step_overhead_s": c.step_overhead_s,
         "head_s": m * (head.forward + head.backward) / pp,
         "micro_batches": float(m),
     }
