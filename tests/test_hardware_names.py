@@ -59,6 +59,12 @@ def test_free_text_names_resolve(text: str, entry: str) -> None:
     assert get_device(text).name == entry
 
 
+def test_the_v100_memory_sizes_and_the_l40s_resolve() -> None:
+    assert get_device("Tesla V100-SXM2-16GB").name == "v100-sxm2-16gb"  # DGX-1's V100 (Megatron-LM 2019)
+    assert get_device("V100 32GB").name == get_device("V100").name == "v100-sxm2-32gb"
+    assert get_device("NVIDIA L40S").name == "l40s"
+
+
 def test_tokens_are_read_not_looked_up() -> None:
     q = parse_device_name("NVIDIA H100-SXM5-80GB (HBM3) 700 W")
     assert (q.family, q.memory_gb, q.form, q.power_w, q.vendor) == ("h100", 80.0, "sxm", 700.0, "nvidia")
@@ -66,7 +72,7 @@ def test_tokens_are_read_not_looked_up() -> None:
     assert (q.family, q.memory_gb, q.form) == ("gb200", None, "nvl")
 
 
-@pytest.mark.parametrize("text", ["V100 PCIe", "H200 NVL 80GB", "Tesla V100-SXM2-16GB", "MI250"])
+@pytest.mark.parametrize("text", ["V100 PCIe", "H200 NVL 80GB", "A40 24GB", "MI250"])
 def test_a_different_product_of_a_known_family_is_refused_with_the_closest(text: str) -> None:
     # another form factor or memory size is another device (power, bandwidth): never silently the SXM part
     with pytest.raises(UnknownDeviceError) as exc:
@@ -105,11 +111,11 @@ def test_an_ambiguous_name_is_refused(tmp_path) -> None:
 def test_a_user_catalog_is_indexed_on_its_own(tmp_path) -> None:
     base = yaml.safe_load(CATALOG_FILE.read_text())["devices"]["h100-sxm"]
     f = tmp_path / "hw.yaml"
-    f.write_text(yaml.safe_dump({"devices": {"lab-l40s": dict(base, memory_gb=48, aliases=["L40S"])}}))
+    f.write_text(yaml.safe_dump({"devices": {"lab-a6000": dict(base, memory_gb=48, aliases=["RTX A6000"])}}))
     cat = load_catalog([f])
-    assert get_device("NVIDIA L40S 48GB", cat).name == "lab-l40s"
+    assert get_device("NVIDIA RTX A6000 48GB", cat).name == "lab-a6000"
     with pytest.raises(UnknownDeviceError):
-        get_device("NVIDIA L40S 48GB")  # the shipped catalog still lacks it
+        get_device("NVIDIA RTX A6000 48GB")  # the shipped catalog still lacks it
 
 
 def test_a_spec_written_with_a_free_text_device_validates_and_predicts() -> None:

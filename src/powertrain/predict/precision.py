@@ -34,11 +34,12 @@ from __future__ import annotations
 
 # Generation of each catalog device (name → generation). Unknown devices use "unknown" (ratios 1.0).
 GENERATION = {
-    "v100-sxm2-32gb": "volta", "a100-sxm4-40gb": "ampere", "a100-sxm4-80gb": "ampere", "a40": "ampere",
+    "v100-sxm2-32gb": "volta", "v100-sxm2-16gb": "volta", "a100-sxm4-40gb": "ampere", "a100-sxm4-80gb": "ampere", "a40": "ampere",
     "h100-sxm": "hopper", "h100-sxm-96gb": "hopper", "h100-pcie": "hopper", "h200": "hopper", "gh200": "hopper",
     "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell_ultra", "gb300": "blackwell_ultra",
     "a100-pcie-80gb": "ampere", "a100-pcie-40gb": "ampere", "a800-sxm4-80gb": "ampere",
     "h100-nvl": "hopper", "h200-nvl": "hopper", "h800": "hopper", "h20": "hopper",
+    "l40s": "ada",  # no ratios known for Ada Lovelace: 1.0, as for an unknown generation (catalog note)
     "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi350x": "cdna4", "mi355x": "cdna4",
 }
 
