@@ -469,3 +469,15 @@ def test_torchtitans_pipeline_micro_batch_default_is_stated() -> None:
     run = run_from_entry({**entry, "batch": {**entry["batch"], "micro": None}})
     assert run.case is not None and run.case.micro_batch == 1
     assert "micro-batch not published: 1, torchtitan's pipeline default" in run.assumptions
+
+
+def test_an_moe_run_without_its_expert_parallelism_says_what_is_assumed() -> None:
+    from powertrain.predict.published import HELDOUT_FILES
+
+    (path,) = [p for p in HELDOUT_FILES if p.name == "heldout_setm_moe.yaml"]
+    runs = {r.id: r for r in load_published(path)}
+    r = runs["sm_megascalemoe_t3_megatron_240gpu"]  # MegaScale-MoE's Megatron-LM rows publish no EP
+    assert r.case is not None and r.case.ep == 1
+    assert any(a.startswith("expert parallelism not published: EP 1 assumed") for a in r.assumptions)
+    dense = next(x for x in load_published() if x.arch == "dense" and not x.skip)
+    assert not any("expert parallelism" in a for a in dense.assumptions)

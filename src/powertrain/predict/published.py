@@ -407,6 +407,9 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         sequence_parallel = stack.era != "megatron-legacy" and tp > 1
         if sequence_parallel:
             out.assumptions.append("sequence parallelism not published: on with TP, the framework's default")
+    if (_int(m.get("experts")) or 1) > 1 and _int(par.get("ep")) is None:
+        out.assumptions.append("expert parallelism not published: EP 1 assumed (every rank holds every expert, "
+                               "split over TP like the dense layers)")
     gpn = _int(hw.get("gpus_per_node")) or dev.node.devices_per_node
     kernel = stack.attention
     if kernel == "flash2":
