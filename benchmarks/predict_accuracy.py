@@ -36,7 +36,13 @@ from powertrain.predict.calibration import (
 )
 from powertrain.predict.core import predict
 from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
-from powertrain.predict.published import CALIBRATION_RUNS, HELDOUT_FILES, PublishedRun, load_published
+from powertrain.predict.published import (
+    CALIBRATION_RUNS,
+    HELDOUT_FILES,
+    PublishedRun,
+    load_published,
+    read_published,
+)
 
 DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
 # Global coefficients with physical meaning that the refit may move (never per run), each inside a
@@ -81,8 +87,10 @@ def pinned(profile: Calibration, params: tuple[str, ...] = FIT_PARAMS) -> list[s
     return out
 
 
-def prepare(path: Path, profile: Calibration) -> tuple[list[PublishedRun], list[PublishedRun]]:
-    runs = load_published(path)
+def prepare(path: Path, profile: Calibration, runs: list[PublishedRun] | None = None
+            ) -> tuple[list[PublishedRun], list[PublishedRun]]:
+    """(usable, skipped) runs of ``path`` (or the given ``runs``, already read from it), unstated recompute filled."""
+    runs = load_published(path) if runs is None else runs
     usable, skipped = [], []
     for r in runs:
         if r.skip or r.case is None:
@@ -206,10 +214,8 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
     """The profile's error on runs it was never fitted on (a ``heldout_*.yaml``): per run, per device type,
     per architecture, and how many fall inside the profile's stated 80 % interval. Returns the figures per
     architecture and the file's one-line ``meta.describes``."""
-    import yaml
-
-    meta = (yaml.safe_load(path.read_text()) or {}).get("meta") or {}
-    runs, skipped = prepare(path, profile)
+    meta, loaded = read_published(path)
+    runs, skipped = prepare(path, profile, loaded)
     errs = rel_errors(runs, profile)
     q80 = profile.error.get("interval_80_log") or {}
     how = ("never fitted on, committed before any prediction on them" if path.resolve() in

@@ -493,12 +493,18 @@ def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
 
 def load_published(path: str | Path | None = None) -> list[PublishedRun]:
     """The published runs of ``path`` (default: the packaged :data:`CALIBRATION_RUNS`)."""
+    return read_published(path)[1]
+
+
+def read_published(path: str | Path | None = None) -> tuple[dict[str, Any], list[PublishedRun]]:
+    """(the file's ``meta`` mapping, its runs) of ``path`` (default: :data:`CALIBRATION_RUNS`), read once."""
     path = Path(path) if path is not None else CALIBRATION_RUNS
     if not path.is_file():
         raise FileNotFoundError(f"calibration file {path} not found; pass the path of a calibration_runs.yaml")
     # the C loader when PyYAML has it: the file is 270+ runs, the pure-Python loader takes seconds
     raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    return [_read_entry(r, i) for i, r in enumerate(raw.get("runs") or [])]
+    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
+    return meta, [_read_entry(r, i) for i, r in enumerate(raw.get("runs") or [])]
 
 
 def _read_entry(r: Any, i: int) -> PublishedRun:
