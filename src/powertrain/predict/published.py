@@ -503,7 +503,7 @@ def read_published(path: str | Path | None = None) -> tuple[dict[str, Any], list
         raise FileNotFoundError(f"calibration file {path} not found; pass the path of a calibration_runs.yaml")
     # the C loader when PyYAML has it: the file is 270+ runs, the pure-Python loader takes seconds
     raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
+    meta: dict[str, Any] = raw["meta"] if isinstance(raw.get("meta"), dict) else {}
     return meta, [_read_entry(r, i) for i, r in enumerate(raw.get("runs") or [])]
 
 
