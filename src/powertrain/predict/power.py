@@ -16,14 +16,15 @@ give ≈ 1.9 above idle), so clocks fall to ``r = ((L − P_idle)/(P_c − P_idl
 compute-bound time stretches by ``1/r`` (memory-bound time barely changes).
 
 Peak power is what a sensor averaging over ``power_window_s`` sees at its highest. The highest
-window sits inside the longest uninterrupted stretch of work — one micro-batch's forward+backward
-on a pipeline stage (``burst_s``) — whose draw is set by its **share of dense GEMM time**
+window sits inside the longest uninterrupted stretch of work — a device's micro-batches back to back,
+less the pipeline's fill and drain (``burst_s``, :func:`powertrain.predict.steptime.busy_run_s`) —
+whose draw is set by its **share of dense GEMM time**
 (:func:`burst_gemm_share`: GEMM+attention time ÷ the stretch's GEMM, memory-bound, in-stretch
 communication and per-layer host time): ``P_burst = P_m + (P_c − P_m)·share``. A larger micro-batch
 makes every GEMM larger while the per-layer host time and collective latencies stay fixed, so the
-share — and the peak — grow with it (the study's finding: larger micro-batches, longer uninterrupted
-GEMM bursts, higher peak excursions). A burst shorter than the window is smoothed with the waiting
-draw between bursts: ``P_peak = max(P_mean, P_w + (P_burst − P_w)·min(1, burst/window))``.
+share — and the peak — grow with it (the study's finding: larger micro-batches, higher peak
+excursions). A run of work shorter than the window (a short step) is smoothed with the waiting draw
+around it: ``P_peak = max(P_mean, P_w + (P_burst − P_w)·min(1, burst/window))``.
 The swing is peak minus the waiting-phase draw. Node power (:func:`node_power_w`) adds a fixed host term
 per node and the power supplies' conversion loss: it is wall (AC) power.
 

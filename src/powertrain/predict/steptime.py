@@ -61,7 +61,7 @@ class StepTime:
     breakdown: dict[str, float] = field(default_factory=dict)
     compute_s: float = 0.0  # per device: GEMM + attention time (mean device)
     memory_s: float = 0.0  # per device: memory-bound time
-    burst_s: float = 0.0  # longest uninterrupted compute stretch (one micro-batch fwd+bwd of a stage)
+    burst_s: float = 0.0  # longest uninterrupted stretch of work on a device (see busy_run_s)
 
 
 def _ring(size_bytes: float, group: int, bw: float, lat: float) -> float:
@@ -539,7 +539,18 @@ def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | No
     compute_mean = m * pipe.compute_all_ranks / pp
     memory_mean = m * (n_layers_dev * 3 * layer.memory_f + 2 * head.memory / pp) + t_opt
     return StepTime(total_s=total, breakdown=_breakdown(case, c, layer, head, pipe, dp_exposed, fsdp_exposed, t_opt),
-                    compute_s=compute_mean, memory_s=memory_mean, burst_s=pipe.slowest_rank / case.vp)
+                    compute_s=compute_mean, memory_s=memory_mean, burst_s=busy_run_s(case, pipe))
+
+
+def busy_run_s(case: Case, pipe: PipelineTime) -> float:
+    """The longest stretch a device works without waiting: its micro-batches back to back.
+
+    Gradient accumulation runs the micro-batches one after another; a pipeline stage in the steady state of
+    1F1B (interleaved or not) goes from one chunk to the next as its neighbours' activations arrive, and waits
+    only in the fill and drain (the bubble). So the run is the step's micro-batches on the slowest stage less
+    the bubble, and at least one chunk (a pipeline with fewer micro-batches than stages is mostly bubble).
+    """
+    return max(pipe.slowest_rank / case.vp, case.micro_batches * pipe.slowest_rank - pipe.bubble)
 
 
 def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pipe: PipelineTime,
