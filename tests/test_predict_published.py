@@ -204,7 +204,7 @@ def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
                 "heldout_seth_mlperf_partners.yaml": 18, "heldout_seti_moe.yaml": 15,
                 "heldout_setj_mlperf_lora_partners.yaml": 21, "heldout_setk_mbridge_moe_26.yaml": 56,
                 "heldout_setl_moe.yaml": 29, "heldout_setm_moe.yaml": 18,
-                "heldout_setn_mlperf60_dense.yaml": 19,
+                "heldout_setn_mlperf60_dense.yaml": 19, "heldout_seto_mlperf60_partners.yaml": 7,
                 "heldout_vendor_suites.yaml": 116}
     assert [p.name for p in HELDOUT_FILES] == sorted(expected)
     by_name = {p.name: p for p in HELDOUT_FILES}
