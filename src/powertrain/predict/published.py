@@ -72,7 +72,8 @@ def _short_source(ref: str) -> str:
 
 def read_precision(value: Any) -> tuple[str, str | None]:
     """(precision, assumption) of a published ``precision`` field: the widest GEMM precision it names
-    (fp4, fp8, fp16, bf16, tf32, fp32); missing or unreadable text is bf16, stated."""
+    (fp4, fp8, fp16, bf16, tf32, fp32); text that names none ("mixed") is bf16, stated. (The loader refuses
+    a run with no precision at all before reading it: :func:`_precision_missing`.)"""
     if value is None or not str(value).strip():
         return "bf16", "precision not published: bf16 assumed"
     t = str(value).lower()
@@ -244,7 +245,7 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
     if r.get("usable_for_validation") is False:  # the transcriber's judgement, with its reason in the caveats
         out.skip = "marked not usable for validation by its transcription (its caveats say why)"
         return out
-    out.skip = _missing(m, hw, par, b)
+    out.skip = _missing(m, hw, par, b) or _precision_missing(r.get("precision"))
     if out.skip:
         return out
     try:
@@ -359,6 +360,13 @@ def _missing(m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict
     if _int(b.get("global")) is None and not (_int(b.get("micro")) and _int(b.get("grad_accum"))):
         return "global batch not published"
     return None
+
+
+def _precision_missing(value: Any) -> str | None:
+    """A run that names no precision is refused: its GEMM rate hangs on it (bf16, fp8 and fp4 differ 2-4×
+    on Blackwell), and MLPerf's LoRA rows that leave it unsaid ran fp8 or fp4, where a bf16 guess read
+    them 53-56 % slow (sets N and O, docs/model.md §9)."""
+    return "precision not published" if value is None or not str(value).strip() else None
 
 
 def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any],
