@@ -307,6 +307,10 @@ def test_precision_and_shape_defaults_are_stated_never_silent() -> None:
     assert read_precision("fp16/bf16 mixed") == ("bf16", None) and read_precision("TF32")[0] == "tf32"
     assert read_precision(None) == ("bf16", "precision not published: bf16 assumed")
     assert "bf16 assumed" in (read_precision("mixed")[1] or "")
+    # the stated precision first: a remark in brackets that names another one does not override it
+    assert read_precision("fp8 (Transformer Engine, tensorwise; config not '_fp4')") == ("fp8", None)
+    assert read_precision("fp8 (Primus YAML 'fp4 false', 'fp8 hybrid')") == ("fp8", None)
+    assert read_precision("mixed (FP8 GEMMs, BF16 elsewhere)") == ("fp8", None)  # a head naming none: the remark
     entry = next(e for e in _entries() if e["model"].get("vocab") and e["model"].get("kv_heads")
                  and not run_from_entry(e).skip)
     bare = {**entry, "model": {**entry["model"], "vocab": None, "kv_heads": None}}

@@ -158,7 +158,7 @@ def enrich_case(case: Case, record: dict[str, object]) -> Case:
             upd["capacity_factor"] = 1.0
         if par.get("ep_overlap") is True:  # the EP all-to-all hidden behind another micro-batch (1F1B A2A overlap)
             upd["overlap_ep"] = True
-    upd["recipe"] = recipe_from_text(str(record.get("precision", "")))
+    upd["recipe"] = recipe_from_text(str(record.get("precision", "")), case.precision)
     if par.get("zero") == 3 and "deepspeed" in str(record.get("framework", "")).lower():
         upd["fsdp_per_param"] = True
     hd = upd.get("head_dim")

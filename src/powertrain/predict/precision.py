@@ -132,10 +132,16 @@ def quantize_bytes_per_value(precision: str, recipe: str) -> float:
     return 0.0
 
 
-def recipe_from_text(text: str) -> str:
-    """A recipe name from free text ("fp8-cs", "mxfp8 (32x32)", "fp8 (Transformer Engine, delayed scaling)")."""
+def recipe_from_text(text: str, precision: str | None = None) -> str:
+    """A recipe name from free text ("fp8-cs", "mxfp8 (32x32)", "fp8 (Transformer Engine, delayed scaling)").
+
+    ``precision``, when the text's precision is already read, keeps the recipe to one that applies to it: an fp8
+    run's remark that names fp4 ("fp8 (… config not '_fp4')") is not an fp4 recipe, and 16-bit runs have none.
+    """
     t = (text or "").lower().replace(" ", "")
-    if "nvfp4" in t or "fp4" in t:
+    if precision is not None and precision not in ("fp8", "fp4"):
+        return ""
+    if precision == "fp4" or (precision is None and ("nvfp4" in t or "fp4" in t)):
         return "nvfp4"
     if "mxfp8" in t or "fp8-mx" in t or ("mx" in t and "fp8" in t):
         return "mxfp8"

@@ -76,6 +76,12 @@ def read_precision(value: Any) -> tuple[str, str | None]:
     a run with no precision at all before reading it: :func:`_precision_missing`.)"""
     if value is None or not str(value).strip():
         return "bf16", "precision not published: bf16 assumed"
+    head = str(value).split("(")[0]
+    if head.strip() != str(value).strip():
+        # "fp8 (… config not '_fp4')": the stated precision comes first, the remark after it may name others
+        stated, note = read_precision(head)
+        if note is None:
+            return stated, None
     t = str(value).lower()
     if "fp4" in t:
         return "fp4", None
