@@ -494,3 +494,11 @@ def test_an_moe_run_without_its_expert_parallelism_says_what_is_assumed() -> Non
     assert any(a.startswith("expert parallelism not published: EP 1 assumed") for a in r.assumptions)
     dense = next(x for x in load_published() if x.arch == "dense" and not x.skip)
     assert not any("expert parallelism" in a for a in dense.assumptions)
+
+
+def test_a_bracketed_remark_does_not_override_the_stated_recompute() -> None:
+    from powertrain.predict.published import parse_recompute
+
+    assert parse_recompute("none (not full recompute)", "megatron-core")[:2] == ("none", True)
+    assert parse_recompute("selective (full was out of memory)", "megatron-core")[:2] == ("selective", True)
+    assert parse_recompute("full (not selective)", "megatron-core")[:2] == ("full", True)

@@ -168,15 +168,18 @@ def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
     if value is False:
         return "none", True, None
     t = str(value).strip().lower()
-    if t in _DEFAULT_WORDS or t.startswith("default") or "config default" in t or "framework default" in t:
-        mode, why = RECOMPUTE_DEFAULTS.get(era, RECOMPUTE_DEFAULTS["megatron-core"])
-        return mode, True, f"recompute {value!r}: the framework default, {mode} ({why})"
-    if t.startswith(("full", "uniform", "block")) or "full" in t.split():
-        return "full", True, None
-    if t.startswith("selective") or any(w in t for w in ("selective", "attn", "attention", "core attention")):
-        return "selective", True, None
-    if t in _NONE_WORDS or t.startswith(("none", "no ", "off")):
-        return "none", True, None
+    # the stated method comes first; a remark in brackets ("none (not full recompute)") may name others
+    head = t.split("(")[0].strip()
+    for text in dict.fromkeys((head, t)):
+        if text in _DEFAULT_WORDS or text.startswith("default") or "config default" in text or "framework default" in text:
+            mode, why = RECOMPUTE_DEFAULTS.get(era, RECOMPUTE_DEFAULTS["megatron-core"])
+            return mode, True, f"recompute {value!r}: the framework default, {mode} ({why})"
+        if text.startswith(("full", "uniform", "block")) or "full" in text.split():
+            return "full", True, None
+        if text.startswith("selective") or any(w in text for w in ("selective", "attn", "attention", "core attention")):
+            return "selective", True, None
+        if text in _NONE_WORDS or text.startswith(("none", "no ", "off")):
+            return "none", True, None
     return "none", False, (f"recompute {value!r} not understood: treated as not stated (the least recomputation "
                            "that fits is assumed)")
 
