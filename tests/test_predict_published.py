@@ -502,3 +502,13 @@ def test_a_bracketed_remark_does_not_override_the_stated_recompute() -> None:
     assert parse_recompute("none (not full recompute)", "megatron-core")[:2] == ("none", True)
     assert parse_recompute("selective (full was out of memory)", "megatron-core")[:2] == ("selective", True)
     assert parse_recompute("full (not selective)", "megatron-core")[:2] == ("full", True)
+
+
+def test_sequence_parallel_written_as_a_word_is_read() -> None:
+    from powertrain.predict.published import run_from_entry
+
+    entry = next(e for e in _entries() if (e.get("parallel") or {}).get("tp", 1) > 1 and not run_from_entry(e).skip)
+    for word, sp in (("yes", True), ("Off", False), ("true", True)):
+        r = run_from_entry({**entry, "parallel": {**entry["parallel"], "sequence_parallel": word}})
+        assert r.case is not None and r.case.sequence_parallel is sp
+        assert not any(a.startswith("sequence parallelism not published") for a in r.assumptions)

@@ -418,6 +418,8 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if _int(m.get("kv_heads")) is None:
         out.assumptions.append("kv_heads not published: multi-head attention assumed (kv_heads = heads)")
     sp_field = par.get("sequence_parallel")
+    if isinstance(sp_field, str) and sp_field.strip().lower() in ("true", "yes", "on", "false", "no", "off"):
+        sp_field = sp_field.strip().lower() in ("true", "yes", "on")  # a YAML string where a bool was meant
     if isinstance(sp_field, bool):
         sequence_parallel = sp_field  # stated: a stated False is not overridden by the framework's default
     else:
