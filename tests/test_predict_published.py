@@ -502,6 +502,7 @@ def test_a_bracketed_remark_does_not_override_the_stated_recompute() -> None:
     assert parse_recompute("none (not full recompute)", "megatron-core")[:2] == ("none", True)
     assert parse_recompute("selective (full was out of memory)", "megatron-core")[:2] == ("selective", True)
     assert parse_recompute("full (not selective)", "megatron-core")[:2] == ("full", True)
+    assert parse_recompute("(see the recipe: full)", "megatron-core")[:2] == ("full", True)  # words, not spaces
 
 
 def test_sequence_parallel_written_as_a_word_is_read() -> None:

@@ -174,7 +174,7 @@ def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
         if text in _DEFAULT_WORDS or text.startswith("default") or "config default" in text or "framework default" in text:
             mode, why = RECOMPUTE_DEFAULTS.get(era, RECOMPUTE_DEFAULTS["megatron-core"])
             return mode, True, f"recompute {value!r}: the framework default, {mode} ({why})"
-        if text.startswith(("full", "uniform", "block")) or "full" in text.split():
+        if text.startswith(("full", "uniform", "block")) or "full" in re.findall(r"[a-z]+", text):
             return "full", True, None
         if text.startswith("selective") or any(w in text for w in ("selective", "attn", "attention", "core attention")):
             return "selective", True, None
