@@ -87,10 +87,8 @@ def pinned(profile: Calibration, params: tuple[str, ...] = FIT_PARAMS) -> list[s
     return out
 
 
-def prepare(path: Path, profile: Calibration, runs: list[PublishedRun] | None = None
-            ) -> tuple[list[PublishedRun], list[PublishedRun]]:
-    """(usable, skipped) runs of ``path`` (or the given ``runs``, already read from it), unstated recompute filled."""
-    runs = load_published(path) if runs is None else runs
+def prepare(runs: list[PublishedRun], profile: Calibration) -> tuple[list[PublishedRun], list[PublishedRun]]:
+    """(usable, skipped) of published ``runs``, an unstated recompute filled in."""
     usable, skipped = [], []
     for r in runs:
         if r.skip or r.case is None:
@@ -215,7 +213,7 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
     per architecture, and how many fall inside the profile's stated 80 % interval. Returns the figures per
     architecture and the file's one-line ``meta.describes``."""
     meta, loaded = read_published(path)
-    runs, skipped = prepare(path, profile, loaded)
+    runs, skipped = prepare(loaded, profile)
     errs = rel_errors(runs, profile)
     q80 = profile.error.get("interval_80_log") or {}
     how = ("never fitted on, committed before any prediction on them" if path.resolve() in
@@ -398,7 +396,7 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
               "schema (or leave it out for the packaged heldout_*.yaml)", file=sys.stderr)
         return 2
     profile = load_calibration(_ARGS.profile)
-    runs, skipped = prepare(_ARGS.file, profile)
+    runs, skipped = prepare(load_published(_ARGS.file), profile)
     if _ARGS.refit:
         print(f"refitting {len(FIT_PARAMS)} global coefficients on {len(runs)} runs …", flush=True)
         profile = fit(runs, profile)
@@ -408,7 +406,7 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
                   "wrong there, the value means nothing): " + "; ".join(pins), file=sys.stderr)
             if not _ARGS.allow_pinned:
                 return 1
-        runs, skipped = prepare(_ARGS.file, profile)
+        runs, skipped = prepare(load_published(_ARGS.file), profile)
     print("coefficients: " + ", ".join(f"{k} = {getattr(profile.coefficients, k):.4g}" for k in FIT_PARAMS))
     for k in unconstrained(runs, profile, FIT_PARAMS):
         at_prior = getattr(profile.coefficients, k) == getattr(Coefficients(), k)

@@ -153,8 +153,7 @@ class Monitor:
         prometheus: str | None = None,
         warmup_steps: int = 0,
     ) -> None:
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+        hooks.check_warmup_steps(warmup_steps)
         if flush_s is not None:  # > 0: the sampler would rewrite its segment at every sample with 0
             flush_s = hooks.check_flush_s(flush_s, "flush_s", allow_zero=False)
         if prometheus:

@@ -224,10 +224,9 @@ def _report_parsed(parser: LiveStepParser, out: Path) -> None:
 def _check_rate_and_port(rate: float, prometheus: str | None) -> None:
     """``--rate`` within what the sampler accepts, and the ``--prometheus`` port free to bind: a
     ``ValueError`` naming the option here, instead of the sampler failing after the run started."""
-    from powertrain.telemetry.sampler import MAX_RATE_HZ
+    from powertrain.core.sampling import check_rate_hz
 
-    if not 0 < rate <= MAX_RATE_HZ:  # nan fails too
-        raise ValueError(f"--rate must be in (0, {MAX_RATE_HZ:g}] samples per second, got {rate:g}")
+    check_rate_hz(rate, "--rate")
     if not prometheus:
         return
     import socket

@@ -195,16 +195,15 @@ def _checked_options(cfg: RunConfig, out: Path | None, rate: float, backends: st
     """This node's place in the run, after refusing (ValueError, one line) the options a launch would
     refuse before or just after it starts: node options that do not fit the spec, a sampling rate or
     backend the sampler refuses, a missing --out for several nodes, an --out that already holds a run."""
-    from powertrain.core.sampling import MAX_RATE_HZ
+    from powertrain.core.sampling import check_rate_hz
     from powertrain.launch.local import check_node_options
-    from powertrain.telemetry.discover import BACKEND_NAMES
+    from powertrain.telemetry.discover import BACKEND_NAMES, unknown_backends
 
     nodes = _node_options(cfg, nnodes, node_rank, master_addr, master_port)
     check_node_options(cfg, nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port,
                        node_rank_given=node_rank is not None)
-    if not 0 < rate <= MAX_RATE_HZ:  # nan fails too
-        raise ValueError(f"--rate must be in (0, {MAX_RATE_HZ:g}] samples per second, got {rate:g}")
-    if backends != "auto" and any(x.strip().lower() not in BACKEND_NAMES for x in backends.split(",")):
+    check_rate_hz(rate, "--rate")
+    if backends != "auto" and unknown_backends(backends.split(",")):
         raise ValueError(f"--backends {backends!r}: give auto, or a comma list of {', '.join(BACKEND_NAMES)}")
     if out is None and nodes.nnodes > 1:
         raise ValueError("several nodes need one shared run directory: pass --out DIR (the same on every node)")

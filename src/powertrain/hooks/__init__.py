@@ -57,8 +57,8 @@ from powertrain.hooks.markers import (
     unbind,
     window,
 )
-from powertrain.hooks.recorder import WINDOWS, Recorder, StepHandle, check_flush_s
+from powertrain.hooks.recorder import WINDOWS, Recorder, StepHandle, check_flush_s, check_warmup_steps
 
 __all__ = ["FLUSH_ENV", "RUN_DIR_ENV", "WINDOWS", "Binding", "Recorder", "StepHandle", "begin_step", "bind",
-           "check_flush_s", "check_rank", "close", "configure", "end_step", "env_flush_s", "env_rank", "env_run_dir",
+           "check_flush_s", "check_rank", "check_warmup_steps", "close", "configure", "end_step", "env_flush_s", "env_rank", "env_run_dir",
            "get", "phase", "set_window", "step", "sync_device_in_use", "unbind", "window"]

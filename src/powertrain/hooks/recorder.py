@@ -92,6 +92,14 @@ def check_int(name: str, value: Any) -> int | None:
     return int(value)
 
 
+def check_warmup_steps(value: Any) -> int:
+    """Leading steps marked ``warmup``: a whole number >= 0 (an int, not a bool), checked where it is given,
+    before training starts rather than at the first step."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"warmup_steps must be a whole number >= 0, got {value!r}")
+    return value
+
+
 def check_flush_s(value: Any, name: str = "flush_s", *, allow_zero: bool = True, fix: str = "") -> float:
     """Seconds between crash-safe rewrites: finite, > 0 (or >= 0 with ``allow_zero``: every row).
 
@@ -172,9 +180,8 @@ class Recorder:
     def __init__(self, run_dir: str | os.PathLike[str] | None, rank: int = 0, *,
                  sync: Callable[[], None] | None = None, flush_s: float = 1.0,
                  warmup_steps: int | None = None, lazy: bool = False) -> None:
-        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
-                                         or warmup_steps < 0):
-            raise ValueError(f"warmup_steps must be a whole number >= 0 (or None), got {warmup_steps!r}")
+        if warmup_steps is not None:
+            check_warmup_steps(warmup_steps)
         self.rank = rank
         self.sync = sync
         self.window: str | None = None

@@ -68,9 +68,7 @@ class RankAttachment:
                  name: str | None = None, prefix: str = "train",
                  sync: Callable[[], None] | None = None, prometheus: str | None = None,
                  caller: str = "RankAttachment") -> None:
-        # checked here, not at the first step: a bad value must fail before training starts
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+        hooks.check_warmup_steps(warmup_steps)
         self.caller = caller
         self.out = Path(out) if out is not None else None
         self.warmup_steps = warmup_steps

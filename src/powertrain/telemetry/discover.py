@@ -15,6 +15,13 @@ from powertrain.telemetry.backend import Backend, BackendUnavailable
 BACKEND_NAMES = ("nvidia", "amd", "host")
 
 
+def unknown_backends(requested: Sequence[str] | str) -> list[str]:
+    """The names in ``requested`` (``"auto"`` or backend names) that are not in :data:`BACKEND_NAMES`."""
+    if requested == "auto" or list(requested) == ["auto"]:
+        return []
+    return [n for n in (x.strip().lower() for x in requested) if n not in BACKEND_NAMES]
+
+
 def open_backends(
     requested: Sequence[str] | str = "auto",
     *,
@@ -27,12 +34,12 @@ def open_backends(
     open raises :class:`BackendUnavailable`; under ``auto`` it becomes a note.
     """
     auto = requested == "auto" or list(requested) == ["auto"]
-    names = list(BACKEND_NAMES) if auto else [n.strip().lower() for n in requested]
-    unknown = [n for n in names if n not in BACKEND_NAMES]
+    unknown = unknown_backends(requested)
     if unknown:
         raise BackendUnavailable(
             f"unknown telemetry backend {', '.join(unknown)}; choose from {', '.join(BACKEND_NAMES)} or auto"
         )
+    names = list(BACKEND_NAMES) if auto else [n.strip().lower() for n in requested]
     backends: list[Backend] = []
     notes: list[str] = []
     for name in names:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from powertrain.core.sampling import MAX_RATE_HZ
+from powertrain.core.sampling import check_rate_hz
 from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.reserve import SAMPLER_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, write_json_atomic
@@ -89,8 +89,7 @@ class Sampler:
         sinks: Sequence[SampleSink] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        if not 0 < rate_hz <= MAX_RATE_HZ:
-            raise ValueError(f"sampling rate must be in (0, {MAX_RATE_HZ:g}] Hz, got {rate_hz:g}")
+        check_rate_hz(rate_hz)
         self.rundir = RunDir(run_dir).create()
         self.host = host or default_host()
         self.backends = backends
