@@ -20,14 +20,11 @@ predicting machine.
 Step times on a shared 2-core machine are only as steady as the machine: the script prints each
 run's coefficient of variation so a noisy measurement is visible next to its error.
 
-Measured on a quiet 2-core machine (fp32, global batch 8), calibrated on DP1, DP2, TP2: held-out
-PP2 0.370 s → predicted 0.423 s (+14%), DP1 micro-batch 4 0.363 → 0.301 (−17%), DP2 full
-recompute 0.483 → 0.458 (−5%), TP2+SP 1.781 → 1.708 (−4%), DP2 micro-batch 4 0.285 → 0.245
-(−14%): 5 of 5 within 20%. The matmul probe read 96–172 GFLOP/s between invocations while other
-work loaded the machine; the fitted GEMM efficiency absorbs it and the held-out errors move by
-under a point. Each run now records the probe its launcher took (``run.json["host_probe"]``, pinned
-to the ranks' threads), and calibration and prediction use those records, so re-running this
-script on the same run directories prints the same numbers.
+Measured on a quiet 2-core machine (fp32, global batch 8; 2026-12-01, code at 07165d3), calibrated on DP1,
+DP2, TP2: frozen 3 of 4 within 20 % (MAPE 10.6 %), validation 3 of 5 (MAPE 19.0 %); docs/model.md §9 ("The
+CPU check") has the table. Each run records the probe its launcher took (``run.json["host_probe"]``, pinned
+to the ranks' threads), and calibration and prediction use those records, so re-running this script on
+the same run directories prints the same numbers.
 """
 
 from __future__ import annotations
