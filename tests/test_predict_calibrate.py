@@ -286,3 +286,51 @@ def test_every_coefficient_has_a_validity_range_that_holds_its_default_and_every
             assert VALID_RANGES[k][0] <= lo < hi <= VALID_RANGES[k][1], k
     src = "".join(p.read_text() for p in (root / "src" / "powertrain").rglob("*.py"))
     assert [k for k in COEFFICIENT_NAMES if f".{k}" not in src] == []  # each is read somewhere
+
+
+def _write_phased_run(root, cfg: RunConfig, fixed_s: float, micro: int = 2, optimizer: bool = True) -> RunDir:
+    """A run whose steps are ``micro`` forward/backward spans, an optimizer span, then ``fixed_s`` of other time."""
+    rd = RunDir(root / cfg.name).create()
+    rd.write({"kind": "run", "status": "ok", "name": cfg.name, "config": cfg.model_dump(mode="json"),
+              "host_probe": _probe(cfg)})
+    rows = []
+    t = 1_000_000_000
+    for step in range(6):
+        start = t
+        for mb in range(micro):
+            for kind, d in (("forward", 0.010), ("backward", 0.020)):
+                rows.append({"rank": 0, "kind": kind, "step": step, "microbatch": mb, "t_start_ns": t,
+                             "t_end_ns": t + int(d * 1e9), "window": "warmup" if step < 2 else "measured"})
+                t += int(d * 1e9)
+        if optimizer:
+            rows.append({"rank": 0, "kind": "optimizer", "step": step, "t_start_ns": t, "t_end_ns": t + 5_000_000,
+                         "window": "warmup" if step < 2 else "measured"})
+            t += 5_000_000
+        t += int((fixed_s if step >= 2 else 1.0) * 1e9)  # warm-up steps are slow: they must not count
+        rows.append({"rank": 0, "kind": "step", "name": "step", "step": step, "t_start_ns": start, "t_end_ns": t,
+                     "window": "warmup" if step < 2 else "measured"})
+    pq.write_table(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA), rd.events_file(0))
+    return rd
+
+
+def test_the_step_time_outside_forward_backward_and_optimizer_is_read_from_the_events(tmp_path) -> None:
+    run = read_measured_run(_write_phased_run(tmp_path, _cfg("phased"), fixed_s=0.007).path)
+    assert run.fixed_time_s == pytest.approx(0.007, abs=1e-6)
+    # a pipeline stage waits for the others outside its own spans (the model's bubble): not read
+    assert read_measured_run(_write_phased_run(tmp_path, _cfg("pp", 2, pp=2), 0.007).path).fixed_time_s is None
+    # a trainer that records no optimizer span cannot say
+    assert read_measured_run(_write_phased_run(tmp_path, _cfg("noopt"), 0.007, optimizer=False).path).fixed_time_s is None
+
+
+def test_calibration_uses_the_measured_step_fixed_time_instead_of_the_base_profiles(tmp_path) -> None:
+    runs = [read_measured_run(_write_phased_run(tmp_path, _cfg(f"r{i}"), fixed_s=f).path)
+            for i, f in enumerate((0.004, 0.006, 0.020))]
+    base = load_calibration("default")
+    prof = fit_calibration(runs, name="m", base=base, allow_pinned=True)  # synthetic spans: the fit may pin
+    assert prof.coefficients.step_overhead_s == pytest.approx(0.006, abs=1e-6)  # the median, not the mean
+    rec = prof.error["measured"]["step_overhead_s"]
+    assert rec["runs"] == 3 and rec["base_value"] == base.coefficients.step_overhead_s
+    assert "step_overhead_s" not in prof.error["fitted"]
+    # named in --params, it is fitted (from the base value) and not measured
+    named = fit_calibration(runs, name="n", base=base, params=["gemm_eff", "step_overhead_s"], allow_pinned=True)
+    assert "measured" not in named.error and "step_overhead_s" in named.error["fitted"]

@@ -31,6 +31,11 @@ def calibrate_cmd(
     reports the step-time error before and after. Use the profile with
     `powertrain predict SPEC --profile NAME`.
 
+    The step's fixed time (step_overhead_s: data loading, zeroing gradients, the loss's logging) is
+    measured, not fitted: the median time of the runs' steps outside forward, backward and the
+    optimizer, read from their events (pipeline runs left out). Name step_overhead_s in --params to
+    fit it instead.
+
     Example: powertrain calibrate results/cpu-sweep --name cpu-laptop
 
     Every run must have been measured on the device its spec names, and all on the same one (the
@@ -64,6 +69,10 @@ def calibrate_cmd(
               f"{e['step_time_mape_before']:.1%} → {e['step_time_mape']:.1%}")
     for label, rel in e["per_run"].items():
         out.print(f"  {rel:+.1%}  {label}")
+    for coeff, rec in e.get("measured", {}).items():
+        out.print(f"measured, not fitted: {coeff} = {rec['value'] * 1e3:.1f} ms on {rec['runs']} run(s) "
+                  f"(the step's time outside forward, backward and the optimizer; the base profile had "
+                  f"{rec['base_value'] * 1e3:.1f} ms)")
     if e.get("fitted_power"):
         out.print(f"fitted {', '.join(e['fitted_power'])} on the runs' measured mean device power")
     for coeff, why in e.get("not_fitted", {}).items():

@@ -77,6 +77,8 @@ class MeasuredRun:
     case: Case
     step_time_s: float
     power_mean_w: float | None = None
+    # seconds of each step outside forward, backward and the optimizer, from the run's events (None: unknown)
+    fixed_time_s: float | None = None
 
 
 def _gemm_key(run: MeasuredRun, cal: Calibration) -> str:
@@ -197,6 +199,7 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
            - np.asarray(steps["t_start_ns"].to_pylist(), dtype=float)) / 1e9
     per_step = [dur[step == s].max() for s in np.unique(step)]
     step_time = float(np.mean(per_step))
+    case = case_from_run_config(cfg, host_probe=probe)
     power = None
     tel = read_telemetry(rd.path)
     if tel.num_rows:
@@ -204,8 +207,37 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
         dev = tel["device"].to_pylist()
         if len(pw) and any(str(d).startswith("gpu") for d in dev):
             power = float(np.mean(pw))
-    return MeasuredRun(label=str(rd.path), case=case_from_run_config(cfg, host_probe=probe), step_time_s=step_time,
-                       power_mean_w=power)
+    return MeasuredRun(label=str(rd.path), case=case, step_time_s=step_time, power_mean_w=power,
+                       fixed_time_s=step_fixed_time(ev, case))
+
+
+def step_fixed_time(ev: Any, case: Case) -> float | None:
+    """Seconds of a measured step outside its micro-batches' forward and backward and the optimizer (data
+    loading, zeroing gradients, the loss's reduction and logging): the median over measured steps and
+    ranks, from the run's own events. ``None`` for a pipeline run — a stage's waits for the others fall
+    outside its forward and backward events, and the model counts those as the bubble — and where the
+    events lack forward, backward or optimizer spans (a run recorded by another trainer)."""
+    if case.pp > 1:
+        return None
+    kind = np.asarray(ev["kind"].to_pylist(), dtype=object)
+    rank = np.asarray(ev["rank"].to_pylist(), dtype=np.int64)
+    step = np.asarray([-1 if s is None else s for s in ev["step"].to_pylist()], dtype=np.int64)
+    dur = (np.asarray(ev["t_end_ns"].to_pylist(), dtype=float) - np.asarray(ev["t_start_ns"].to_pylist(), dtype=float)) / 1e9
+    window = np.asarray(ev["window"].to_pylist(), dtype=object)
+    measured = {(int(r), int(s)) for r, s, k, w in zip(rank, step, kind, window, strict=True)
+                if k == "step" and w == "measured"}
+    if not all((kind == k).any() for k in ("forward", "backward", "optimizer")):
+        return None
+    spent: dict[tuple[int, int], list[float]] = {key: [0.0, 0.0] for key in measured}  # [step, inside]
+    for r, s, k, d in zip(rank, step, kind, dur, strict=True):
+        key = (int(r), int(s))
+        if key in spent:
+            if k == "step":
+                spent[key][0] += d
+            elif k in ("forward", "backward", "optimizer"):
+                spent[key][1] += d
+    rest = [max(0.0, total - inside) for total, inside in spent.values()]
+    return float(np.median(rest)) if rest else None
 
 
 def collect_runs(paths: Iterable[str | Path]) -> list[MeasuredRun]:
@@ -303,7 +335,8 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     and ``params`` names no power coefficient."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
-    cal = base if isinstance(base, Calibration) else load_calibration(base)
+    base_cal = base if isinstance(base, Calibration) else load_calibration(base)
+    cal, measured = _measured_fixed_time(runs, base_cal, params)
     multi = any(r.case.world > 1 for r in runs)
     cpu = all(r.case.device.transport == "gloo" for r in runs)
     powered = [r for r in runs if r.power_mean_w]
@@ -340,7 +373,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
         step = step[: len(runs)]
     if not power and powered:
         power = list(POWER_PARAMS)
-    before = errors(runs, cal)
+    before = errors(runs, base_cal)
     fitted = _fit_step(runs, cal, step) if step else cal
     after = errors(runs, fitted)
     if power and powered:
@@ -357,10 +390,31 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     }
     if power and powered:
         error["fitted_power"] = power
+    if measured:
+        error["measured"] = measured
     if not_fitted:
         error["not_fitted"] = not_fitted
     return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
                    device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+
+
+def _measured_fixed_time(runs: Sequence[MeasuredRun], cal: Calibration,
+                         params: Sequence[str] | None) -> tuple[Calibration, dict[str, Any]]:
+    """``cal`` with ``step_overhead_s`` set to what these runs measured, and a record of it.
+
+    The base profile's value was fitted on other frameworks' published runs (their host syncs and
+    logging), so a calibration whose runs time it directly (:func:`step_fixed_time`) uses their median
+    instead of inheriting it or fitting it. Unchanged where no run measured it, or where ``params``
+    names ``step_overhead_s`` (the user asked for it to be fitted)."""
+    fixed = [r.fixed_time_s for r in runs if r.fixed_time_s is not None]
+    if not fixed or (params and "step_overhead_s" in params):
+        return cal, {}
+    value = float(np.median(fixed))
+    record = {"step_overhead_s": {
+        "value": value, "runs": len(fixed), "base_value": cal.coefficients.step_overhead_s,
+        "how": "median over the runs of each run's median per-step time outside forward, backward and the "
+               "optimizer (events/rank-*.parquet); pipeline runs left out"}}
+    return cal.with_coefficients(step_overhead_s=value), record
 
 
 def _fit_step(runs: Sequence[MeasuredRun], cal: Calibration, chosen: list[str]) -> Calibration:
