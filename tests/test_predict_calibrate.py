@@ -334,3 +334,15 @@ def test_calibration_uses_the_measured_step_fixed_time_instead_of_the_base_profi
     # named in --params, it is fitted (from the base value) and not measured
     named = fit_calibration(runs, name="n", base=base, params=["gemm_eff", "step_overhead_s"], allow_pinned=True)
     assert "measured" not in named.error and "step_overhead_s" in named.error["fitted"]
+
+
+def test_cpu_default_fits_per_layer_time_only_where_the_runs_vary_tokens_per_micro_batch(measured) -> None:
+    root, truth = measured
+    same = fit_calibration(collect_runs([root / n for n in ("dp1", "dp2", "tp2")]), name="same")
+    assert same.error["fitted"] == ["gemm_eff_fp32", "comm_latency_scale"]
+    assert "another micro-batch size" in same.error["not_fitted"]["layer_overhead_s"]
+    varied = fit_calibration(collect_runs([root / n for n in ("dp1", "dp2", "tp2", "dp1-mb4")]), name="varied")
+    assert varied.error["fitted"] == ["gemm_eff_fp32", "comm_latency_scale", "layer_overhead_s"]
+    assert varied.coefficients.layer_overhead_s == pytest.approx(TRUTH.coefficients.layer_overhead_s, rel=0.5)
+    for name in ("pp2", "dp2-full", "tp2-sp"):
+        assert predict(LAYOUTS[name], varied).metrics["step_time_mean_s"] == pytest.approx(truth[name], rel=0.20), name

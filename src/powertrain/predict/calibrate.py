@@ -35,10 +35,11 @@ from powertrain.predict.core import predict
 
 STEP_PARAMS_1 = ("gemm_eff", "layer_overhead_s")
 STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
-# ranks on one host CPU talk through gloo over shared memory: latency, not bandwidth, bounds them. The
-# per-layer overhead is left at the base profile's value: a few CPU runs do not constrain it (the fit
-# drove it to its lower bound on the README's three runs, the GEMM term absorbing it)
-STEP_PARAMS_CPU = ("gemm_eff", "comm_latency_scale")
+# ranks on one host CPU talk through gloo over shared memory: latency, not bandwidth, bounds them. Each
+# op's host time on a CPU adds to its compute (nothing runs ahead), about a millisecond per layer and
+# micro-batch for a small model; the per-layer overhead is fitted where the runs can tell it from GEMM
+# efficiency (:func:`_per_layer_time_unseen`), else it keeps the base profile's value and says why
+STEP_PARAMS_CPU = ("gemm_eff", "comm_latency_scale", "layer_overhead_s")
 POWER_PARAMS = ("power_compute", "power_wait")
 # what the power fit moves (against measured mean device power); every other coefficient is fitted on step time
 POWER_COEFFICIENTS = tuple(n for n in COEFFICIENT_NAMES if n.startswith("power_"))
@@ -365,6 +366,9 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
                                        for k, (why, fix) in unseen.items()))
     else:
         not_fitted = {k: why for k, (why, _) in _unseen(step, runs, cal).items()}
+        if cpu and "layer_overhead_s" in step and "layer_overhead_s" not in not_fitted and (
+                why := _per_layer_time_unseen(runs)):
+            not_fitted["layer_overhead_s"] = why
         step = [p for p in step if p not in not_fitted]
         if not step:
             raise ValueError(f"these runs constrain none of the default coefficients "
@@ -396,6 +400,21 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
         error["not_fitted"] = not_fitted
     return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
                    device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+
+
+def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:
+    """Why these CPU runs cannot tell a per-layer host time from GEMM efficiency ("" when they can).
+
+    Both scale a layer pass's time: GEMM time with its tokens, host time not. Runs of one model at one
+    token count per micro-batch see every layer pass alike — on a host CPU what TP adds per layer is
+    collective latency, which ``comm_latency_scale`` takes — so any split of the two fits them equally
+    and the fit ends wherever it starts (on the README's three CPU runs it went to its bound)."""
+    shapes = {(r.case.layers, r.case.hidden, r.case.ffn, r.case.micro_batch * r.case.seq_len) for r in runs}
+    if len(shapes) > 1:
+        return ""
+    tokens = next(iter(shapes))[3]
+    return (f"every run here is one model at {tokens} tokens per micro-batch, so its per-layer host time cannot be "
+            "told from GEMM efficiency; add a run at another micro-batch size")
 
 
 def _measured_fixed_time(runs: Sequence[MeasuredRun], cal: Calibration,
