@@ -27,8 +27,9 @@ predicting machine.
 Step times on a shared 2-core machine are only as steady as the machine: the script prints each
 run's coefficient of variation so a noisy measurement is visible next to its error.
 
-Measured on a quiet 2-core machine (fp32, global batch 8; 2026-12-01, code at 07165d3), calibrated on DP1,
-DP2, TP2: frozen 3 of 4 within 20 % (MAPE 10.6 %), validation 3 of 5 (MAPE 19.0 %); docs/model.md §9 ("The
+Measured on a quiet 2-core machine (fp32, global batch 8; 2026-12-01, code at 3844588), calibrated on DP1,
+DP2, TP2 and DP2 at micro-batch 4: frozen3 6 of 6 within 20 % (MAPE 9.9 %); the lists read before it:
+validation 4 of 4 (4.9 %), frozen 3 of 4 (8.9 %), frozen2 5 of 6 (12.6 %); docs/model.md §9 ("The
 CPU check") has the table. Each run records the probe its launcher took (``run.json["host_probe"]``, pinned
 to the ranks' threads), and calibration and prediction use those records, so re-running this script on
 the same run directories prints the same numbers.

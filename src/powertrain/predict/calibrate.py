@@ -405,16 +405,19 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
 def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:
     """Why these CPU runs cannot tell a per-layer host time from GEMM efficiency ("" when they can).
 
-    Both scale a layer pass's time: GEMM time with its tokens, host time not. Runs of one model at one
-    token count per micro-batch see every layer pass alike — on a host CPU what TP adds per layer is
-    collective latency, which ``comm_latency_scale`` takes — so any split of the two fits them equally
-    and the fit ends wherever it starts (on the README's three CPU runs it went to its bound)."""
-    shapes = {(r.case.layers, r.case.hidden, r.case.ffn, r.case.micro_batch * r.case.seq_len) for r in runs}
-    if len(shapes) > 1:
+    Both scale a layer pass's time: GEMM time with its tokens, host time not. Only one model measured at
+    two token counts per micro-batch separates them: on a host CPU what TP adds per layer is collective
+    latency, which ``comm_latency_scale`` takes, and another model's layers launch other ops. Without that,
+    any split fits equally and the fit ends wherever it starts (on the README's three runs, two models at
+    one micro-batch size, it went to its bound)."""
+    tokens: dict[tuple[int, int, int], set[int]] = {}
+    for r in runs:
+        tokens.setdefault((r.case.layers, r.case.hidden, r.case.ffn), set()).add(r.case.micro_batch * r.case.seq_len)
+    if any(len(t) > 1 for t in tokens.values()):
         return ""
-    tokens = next(iter(shapes))[3]
-    return (f"every run here is one model at {tokens} tokens per micro-batch, so its per-layer host time cannot be "
-            "told from GEMM efficiency; add a run at another micro-batch size")
+    counts = ", ".join(str(t) for ts in tokens.values() for t in sorted(ts))
+    return (f"no model here was run at two token counts per micro-batch ({counts}), so its per-layer host time "
+            "cannot be told from GEMM efficiency; add a run at another micro-batch size")
 
 
 def _measured_fixed_time(runs: Sequence[MeasuredRun], cal: Calibration,
