@@ -65,6 +65,16 @@ def test_the_v100_memory_sizes_and_the_l40s_resolve() -> None:
     assert get_device("NVIDIA L40S").name == "l40s"
 
 
+@pytest.mark.parametrize(("text", "entry"), [
+    ("B200 192GB", "b200"),  # the decimal 192 GB of DGX B200's 180 GB (GiB-ish) part
+    ("GB200 192GB", "gb200"), ("GB300 288GB", "gb300"),  # nominal HBM of the 186 / 279 GB usable
+    ("H100 SXM5 94GB", "h100-sxm-96gb"),  # nvidia-smi's MiB of the 96 GB SXM part: the form factor wins over the 94 GB NVL card
+    ("H100 94GB", "h100-nvl"), ("GH200 480GB", "gh200"),  # GH200's module name counts its CPU memory
+])
+def test_memory_sizes_as_tables_write_them_resolve(text: str, entry: str) -> None:
+    assert get_device(text).name == entry
+
+
 def test_tokens_are_read_not_looked_up() -> None:
     q = parse_device_name("NVIDIA H100-SXM5-80GB (HBM3) 700 W")
     assert (q.family, q.memory_gb, q.form, q.power_w, q.vendor) == ("h100", 80.0, "sxm", 700.0, "nvidia")

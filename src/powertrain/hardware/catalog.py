@@ -419,11 +419,24 @@ def _entry_memory_gb(dev: DeviceSpec) -> float:
     return dev.memory_bytes / (2**30 * 0.99)  # what `memory_gb` said (see _device)
 
 
+_GIB_PER_GB = 2**30 / 1e9
+
+
+def _memory_gap(dev: DeviceSpec, stated_gb: float) -> float:
+    """GB between a stated memory size and the entry's, read as GB or as GiB, whichever is nearer.
+
+    Data sheets and tables mix the two: B200 is "180GB" in DGX B200's sheet and "192GB" (decimal, ≈ 179 GiB)
+    in others; nvidia-smi's MiB make the 96 GB H100 "94GB"."""
+    gb = _entry_memory_gb(dev)
+    return min(abs(gb - stated_gb), abs(gb * _GIB_PER_GB - stated_gb), abs(gb / _GIB_PER_GB - stated_gb))
+
+
 def resolve_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> str:
     """The catalog entry a device name means, by exact label or by its stated features.
 
-    Rules: the family must match an entry's family; a stated memory size must be within 3 % (or 2 GB) of
-    the entry's, and of several the nearest sizes win; a stated form factor must be one the entry states (entries that state none accept any);
+    Rules: the family must match an entry's family; a stated memory size must be within 4 % (or 2 GB) of
+    the entry's, read as GB or GiB (:func:`_memory_gap`); a stated form factor must be one the entry states
+    (entries that state none accept any); of several entries left, the nearest memory sizes win;
     a stated vendor must match. Among several entries left, a stated power picks the closest TDP, else
     the entry the family's bare name is an alias of (``A100`` → the 80 GB part); otherwise the name is
     ambiguous. Raises :class:`UnknownDeviceError` (closest entries listed) when nothing or several match.
@@ -450,12 +463,13 @@ def _resolve(name: str, idx: _Index) -> str | UnknownDeviceError:
     if q.vendor:
         cands = [d for d in cands if d.vendor in (q.vendor, "unknown")]
     if q.memory_gb is not None:
-        cands = [d for d in cands if abs(_entry_memory_gb(d) - q.memory_gb) <= max(2.0, 0.03 * _entry_memory_gb(d))]
-        if len(cands) > 1:  # "H100 96GB" is the 96 GB part, not the 94 GB card within the tolerance
-            nearest = min(abs(_entry_memory_gb(d) - q.memory_gb) for d in cands)
-            cands = [d for d in cands if abs(_entry_memory_gb(d) - q.memory_gb) == nearest]
-    if q.form is not None:
+        # 4 %: usable vs nominal HBM (GB200 186 of 192 GB, GB300 279 of 288: 3.2 %)
+        cands = [d for d in cands if _memory_gap(d, q.memory_gb) <= max(2.0, 0.04 * _entry_memory_gb(d))]
+    if q.form is not None:  # before the nearest size: "H100 SXM5 94GB" is the 96 GB SXM part, not the 94 GB NVL card
         cands = [d for d in cands if not idx.forms[d.name] or q.form in idx.forms[d.name]]
+    if q.memory_gb is not None and len(cands) > 1:  # "H100 96GB" is the 96 GB part, not the 94 GB card
+        nearest = min(_memory_gap(d, q.memory_gb) for d in cands)
+        cands = [d for d in cands if _memory_gap(d, q.memory_gb) == nearest]
     if len(cands) == 1:
         return cands[0].name
     if not cands:
