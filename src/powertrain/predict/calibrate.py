@@ -375,6 +375,9 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
                              f"({'; '.join(f'{k}: {why}' for k, why in not_fitted.items())}); name some with --params")
         not_fitted.update({p: f"only {len(runs)} run(s), one per coefficient" for p in step[len(runs):]})
         step = step[: len(runs)]
+    if not measured and "step_overhead_s" not in chosen:
+        not_fitted["step_overhead_s"] = ("not measured either: no run here times its steps' forward, backward and "
+                                         "optimizer spans outside a pipeline (whose stages wait outside them)")
     if not power and powered:
         power = list(POWER_PARAMS)
     before = errors(runs, base_cal)
