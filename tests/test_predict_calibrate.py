@@ -288,8 +288,10 @@ def test_every_coefficient_has_a_validity_range_that_holds_its_default_and_every
     assert [k for k in COEFFICIENT_NAMES if f".{k}" not in src] == []  # each is read somewhere
 
 
-def _write_phased_run(root, cfg: RunConfig, fixed_s: float, micro: int = 2, optimizer: bool = True) -> RunDir:
-    """A run whose steps are ``micro`` forward/backward spans, an optimizer span, then ``fixed_s`` of other time."""
+def _write_phased_run(root, cfg: RunConfig, fixed_s: float, micro: int = 2, optimizer: bool = True,
+                      optimizer_after: bool = False) -> RunDir:
+    """A run whose steps are ``micro`` forward/backward spans, an optimizer span, then ``fixed_s`` of other time
+    (``optimizer_after``: the optimizer span is timed after the step's span ends, as some trainers do)."""
     rd = RunDir(root / cfg.name).create()
     rd.write({"kind": "run", "status": "ok", "name": cfg.name, "config": cfg.model_dump(mode="json"),
               "host_probe": _probe(cfg)})
@@ -302,13 +304,17 @@ def _write_phased_run(root, cfg: RunConfig, fixed_s: float, micro: int = 2, opti
                 rows.append({"rank": 0, "kind": kind, "step": step, "microbatch": mb, "t_start_ns": t,
                              "t_end_ns": t + int(d * 1e9), "window": "warmup" if step < 2 else "measured"})
                 t += int(d * 1e9)
-        if optimizer:
+        if optimizer and not optimizer_after:
             rows.append({"rank": 0, "kind": "optimizer", "step": step, "t_start_ns": t, "t_end_ns": t + 5_000_000,
                          "window": "warmup" if step < 2 else "measured"})
             t += 5_000_000
         t += int((fixed_s if step >= 2 else 1.0) * 1e9)  # warm-up steps are slow: they must not count
         rows.append({"rank": 0, "kind": "step", "name": "step", "step": step, "t_start_ns": start, "t_end_ns": t,
                      "window": "warmup" if step < 2 else "measured"})
+        if optimizer and optimizer_after:
+            rows.append({"rank": 0, "kind": "optimizer", "step": step, "t_start_ns": t, "t_end_ns": t + 5_000_000,
+                         "window": "warmup" if step < 2 else "measured"})
+            t += 5_000_000
     pq.write_table(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA), rd.events_file(0))
     return rd
 
@@ -320,6 +326,9 @@ def test_the_step_time_outside_forward_backward_and_optimizer_is_read_from_the_e
     assert read_measured_run(_write_phased_run(tmp_path, _cfg("pp", 2, pp=2), 0.007).path).fixed_time_s is None
     # a trainer that records no optimizer span cannot say
     assert read_measured_run(_write_phased_run(tmp_path, _cfg("noopt"), 0.007, optimizer=False).path).fixed_time_s is None
+    # an optimizer timed outside the step's span is not inside it: the step's own time cannot be split
+    after = _write_phased_run(tmp_path, _cfg("after"), 0.007, optimizer_after=True)
+    assert read_measured_run(after.path).fixed_time_s is None
 
 
 def test_calibration_uses_the_measured_step_fixed_time_instead_of_the_base_profiles(tmp_path) -> None:

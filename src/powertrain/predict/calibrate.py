@@ -215,30 +215,28 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
 def step_fixed_time(ev: Any, case: Case) -> float | None:
     """Seconds of a measured step outside its micro-batches' forward and backward and the optimizer (data
     loading, zeroing gradients, the loss's reduction and logging): the median over measured steps and
-    ranks, from the run's own events. ``None`` for a pipeline run — a stage's waits for the others fall
-    outside its forward and backward events, and the model counts those as the bubble — and where the
-    events lack forward, backward or optimizer spans (a run recorded by another trainer)."""
+    ranks, from the run's own events; only spans inside their step's span count (a trainer may time the
+    optimizer after the step). ``None`` for a pipeline run — a stage's waits for the others fall outside
+    its forward and backward events, and the model counts those as the bubble — and where the events lack
+    forward, backward or optimizer spans inside measured steps (a run recorded by another trainer)."""
     if case.pp > 1:
         return None
-    kind = np.asarray(ev["kind"].to_pylist(), dtype=object)
-    rank = np.asarray(ev["rank"].to_pylist(), dtype=np.int64)
-    step = np.asarray([-1 if s is None else s for s in ev["step"].to_pylist()], dtype=np.int64)
-    dur = (np.asarray(ev["t_end_ns"].to_pylist(), dtype=float) - np.asarray(ev["t_start_ns"].to_pylist(), dtype=float)) / 1e9
-    window = np.asarray(ev["window"].to_pylist(), dtype=object)
-    measured = {(int(r), int(s)) for r, s, k, w in zip(rank, step, kind, window, strict=True)
-                if k == "step" and w == "measured"}
-    if not all((kind == k).any() for k in ("forward", "backward", "optimizer")):
+    rows = ev.select(["rank", "kind", "step", "t_start_ns", "t_end_ns", "window"]).to_pylist()
+    spans = {(r["rank"], r["step"]): (r["t_start_ns"], r["t_end_ns"]) for r in rows
+             if r["kind"] == "step" and r["window"] == "measured" and r["step"] is not None}
+    inside: dict[tuple[int, int], float] = dict.fromkeys(spans, 0.0)
+    kinds: set[str] = set()
+    for r in rows:
+        span = spans.get((r["rank"], r["step"]))
+        if span is None or r["kind"] not in ("forward", "backward", "optimizer"):
+            continue
+        if span[0] <= r["t_start_ns"] and r["t_end_ns"] <= span[1]:
+            inside[(r["rank"], r["step"])] += (r["t_end_ns"] - r["t_start_ns"]) / 1e9
+            kinds.add(r["kind"])
+    if kinds != {"forward", "backward", "optimizer"}:
         return None
-    spent: dict[tuple[int, int], list[float]] = {key: [0.0, 0.0] for key in measured}  # [step, inside]
-    for r, s, k, d in zip(rank, step, kind, dur, strict=True):
-        key = (int(r), int(s))
-        if key in spent:
-            if k == "step":
-                spent[key][0] += d
-            elif k in ("forward", "backward", "optimizer"):
-                spent[key][1] += d
-    rest = [max(0.0, total - inside) for total, inside in spent.values()]
-    return float(np.median(rest)) if rest else None
+    rest = [max(0.0, (t1 - t0) / 1e9 - inside[key]) for key, (t0, t1) in spans.items()]
+    return float(np.median(rest))
 
 
 def collect_runs(paths: Iterable[str | Path]) -> list[MeasuredRun]:
