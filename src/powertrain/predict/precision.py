@@ -135,6 +135,9 @@ def quantize_bytes_per_value(precision: str, recipe: str) -> float:
 def recipe_from_text(text: str, precision: str | None = None) -> str:
     """A recipe name from free text ("fp8-cs", "mxfp8 (32x32)", "fp8 (Transformer Engine, delayed scaling)").
 
+    Every block-scaled fp4 recipe (NVFP4, MXFP4) reads as ``nvfp4``: the tensor cores run both at the fp4 rate,
+    and the ratios of ``RATIO`` are per precision and scaling kind, not per scale format.
+
     ``precision``, when the text's precision is already read, keeps the recipe to one that applies to it: an fp8
     run's remark that names fp4 ("fp8 (… config not '_fp4')") is not an fp4 recipe, and 16-bit runs have none.
     """
@@ -147,7 +150,8 @@ def recipe_from_text(text: str, precision: str | None = None) -> str:
         return "mxfp8"
     if "block" in t or "fp8-bs" in t or "deepseek" in t:
         return "blockwise"
-    if "fp8-cs" in t or "current" in t or "tensorwise" in t or "float8" in t:
+    # torchao's float8 (tensorwise, rowwise/axiswise) and any "dynamic" scaling compute the scale from this step's amax
+    if any(w in t for w in ("fp8-cs", "current", "tensorwise", "float8", "rowwise", "row-wise", "axiswise", "dynamic")):
         return "current"
     if "delayed" in t or "fp8" in t:
         return "delayed"
