@@ -109,7 +109,7 @@ def load_published_one(entry: dict):
 
 def test_free_text_vp_is_read_or_assumed_never_a_crash() -> None:
     entry = next(e for e in _entries() if (e["parallel"].get("pp") or 1) > 1 and e["model"].get("seq_len"))
-    for vp, want in (("interleaved, V not stated", None), ("vp=4", 4), ("none", 1), ("???", 1), (5, 5)):
+    for vp, want in (("interleaved, V not stated", None), ("vp=4", 4), ("none", 1), ("???", 1), (5, 5), ("3.5", 1)):
         r = load_published_one({**entry, "parallel": {**entry["parallel"], "vp": vp}})
         assert r.skip is None and r.case is not None
         if want is None:  # interleaved: the smallest V that divides the stage's layers, and it says so
@@ -119,6 +119,15 @@ def test_free_text_vp_is_read_or_assumed_never_a_crash() -> None:
             assert r.case.vp == want
     assert any("not understood" in a for a in load_published_one(
         {**entry, "parallel": {**entry["parallel"], "vp": "???"}}).assumptions)
+
+
+def test_layers_per_virtual_stage_is_read_as_that_not_as_v() -> None:
+    from powertrain.predict.published import parse_vp
+
+    assert parse_vp("12 layers per virtual stage", 48, 4) == (1, None)  # a stage's 12 layers in one chunk
+    assert parse_vp("4 layers/chunk", 48, 4) == (3, None)
+    v, why = parse_vp("5 layers per chunk", 48, 4)
+    assert v == 1 and why is not None and "does not divide" in why
 
 
 def test_default_recompute_is_the_framework_default_and_says_so() -> None:
@@ -136,10 +145,15 @@ def test_recompute_wordings() -> None:
     entry = _torchtitan_entry()
     for text, mode, stated in (("selective (attn)", "selective", True), ("full (uniform)", "full", True),
                                ("block", "full", True), ("off", "none", True), (None, "none", False),
-                               ("something new", "none", False)):
+                               ("something new", "none", False), ("moe_act", "selective", True),
+                               ("MLA up-projection recompute", "selective", True),
+                               ("activation checkpointing", "full", True), ("yes", "full", True),
+                               ("no activation checkpointing", "none", True)):
         r = load_published_one({**entry, "recompute": text})
         assert (r.case.recompute, r.recompute_stated) == (mode, stated), text
     assert load_published_one({**entry, "recompute": "something new"}).assumptions
+    # on without a method is read as full, and says so
+    assert any("read as full" in a for a in load_published_one({**entry, "recompute": "yes"}).assumptions)
 
 
 def test_a_broken_entry_is_a_reason_not_a_crash(tmp_path) -> None:

@@ -150,6 +150,12 @@ RECOMPUTE_DEFAULTS: dict[str, tuple[str, str]] = {
     "maxtext": ("full", "MaxText: remat_policy defaults to 'full' (MaxText/configs/base.yml)"),
 }
 _NONE_WORDS = ("none", "no", "off", "false", "disabled", "0", "n/a", "-", "without")
+# Megatron-Core's --recompute-modules (selective recomputation of parts of a layer), beyond core_attn
+_SELECTIVE_MODULES = ("moe_act", "mla_up_proj", "up_proj", "up-proj", "up-projection", "layernorm", "shared_experts")
+# recomputation said to be on without a method: every layer checkpointed, what the words mean in HF
+# (gradient_checkpointing), DeepSpeed and PyTorch's checkpoint wrappers
+_ON_WORDS = ("yes", "on", "true", "enabled", "ac on", "activation checkpointing", "activation checkpoint",
+             "gradient checkpointing", "checkpointing", "activation recomputation", "recompute")
 _DEFAULT_WORDS = ("default", "config default", "framework default", "recipe default")
 
 
@@ -176,10 +182,13 @@ def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
             return mode, True, f"recompute {value!r}: the framework default, {mode} ({why})"
         if text.startswith(("full", "uniform", "block")) or "full" in re.findall(r"[a-z]+", text):
             return "full", True, None
-        if text.startswith("selective") or any(w in text for w in ("selective", "attn", "attention", "core attention")):
+        if text.startswith("selective") or any(w in text for w in ("selective", "attn", "attention", "core attention",
+                                                                    *_SELECTIVE_MODULES)):
             return "selective", True, None
         if text in _NONE_WORDS or text.startswith(("none", "no ", "off")):
             return "none", True, None
+        if text in _ON_WORDS:
+            return "full", True, f"recompute {value!r}: on without a method, read as full recomputation (every layer)"
     return "none", False, (f"recompute {value!r} not understood: treated as not stated (the least recomputation "
                            "that fits is assumed)")
 
@@ -187,19 +196,24 @@ def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
 def parse_vp(value: Any, layers: int, pp: int) -> tuple[int, str | None]:
     """(virtual stages, assumption) of a published ``vp`` field.
 
-    A number (or the first number in the text, "vp=4", "V=5") is taken; none/"-"/"no" is 1. Text that
-    says the schedule is interleaved without a number takes the smallest interleaving that divides the
-    stage's layers (2, else 3, …), stated; any other text is 1, stated.
+    A whole number (or the first number in the text, "vp=4", "V=5") is taken; "N layers per virtual stage"
+    (or chunk) is the stage's layers ÷ N; none/"-"/"no" is 1. Text that says the schedule is interleaved
+    without a number takes the smallest interleaving that divides the stage's layers (2, else 3, …),
+    stated; any other text, or a fraction, is 1, stated.
     """
+    per_stage = max(1, layers // max(1, pp))
     n = _number(value)
-    if n is not None and n >= 1:
+    t = "" if value is None else str(value).strip().lower()
+    if n is not None and re.search(r"layers?\s*(per|/|each)", t):
+        if n >= 1 and n == int(n) and per_stage % int(n) == 0:
+            return per_stage // int(n), None
+        return 1, f"vp {value!r}: {n:g} layers per chunk does not divide a stage's {per_stage} layers; V = 1 assumed"
+    if n is not None and n >= 1 and n == int(n):
         return int(n), None
     if value is None:
         return 1, None
-    t = str(value).strip().lower()
     if t in _NONE_WORDS or t.startswith(("none", "no ", "not interleaved", "1f1b")):
         return 1, None
-    per_stage = max(1, layers // max(1, pp))
     if "interleav" in t or "virtual" in t:
         v = next((v for v in range(2, per_stage + 1) if per_stage % v == 0), 1)
         return v, (f"vp {value!r}: interleaved with V not stated; V = {v} assumed (the smallest interleaving that "
