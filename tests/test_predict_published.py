@@ -121,6 +121,14 @@ def test_free_text_vp_is_read_or_assumed_never_a_crash() -> None:
         {**entry, "parallel": {**entry["parallel"], "vp": "???"}}).assumptions)
 
 
+def test_a_global_batch_in_tokens_is_divided_by_the_sequence_length_and_says_so() -> None:
+    entry = _torchtitan_entry()
+    seq = int(entry["model"]["seq_len"])
+    r = load_published_one({**entry, "batch": {**entry["batch"], "global": "4M tokens"}})
+    assert r.case.global_batch == 4 * 2**20 // seq
+    assert any("in tokens" in a for a in r.assumptions)
+
+
 def test_layers_per_virtual_stage_is_read_as_that_not_as_v() -> None:
     from powertrain.predict.published import parse_vp
 

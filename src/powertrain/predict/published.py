@@ -398,6 +398,12 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     tp, pp, cp, dp = degrees
     layers = int(_int(m["layers"]) or 1)
     gb = _int(b.get("global"))
+    if gb is not None and "token" in str(b.get("global")).lower():  # "4M tokens": a batch in tokens, not sequences
+        seq = int(_int(m["seq_len"]) or 1)
+        tokens = gb
+        gb = max(1, round(tokens / seq))
+        out.assumptions.append(f"global batch {b.get('global')!r} is in tokens: {tokens:,} ÷ sequence length {seq:,} "
+                               f"= {gb:,} sequences" + ("" if tokens % seq == 0 else " (rounded)"))
     if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
         gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
         out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
