@@ -37,8 +37,8 @@ STEP_PARAMS_1 = ("gemm_eff", "layer_overhead_s")
 STEP_PARAMS_MULTI = ("gemm_eff", "layer_overhead_s", "comm_eff_intra")
 # ranks on one host CPU talk through gloo over shared memory: latency, not bandwidth, bounds them. Each
 # op's host time on a CPU adds to its compute (nothing runs ahead), about a millisecond per layer and
-# micro-batch for a small model; the per-layer overhead is fitted where the runs can tell it from GEMM
-# efficiency (:func:`_per_layer_time_unseen`), else it keeps the base profile's value and says why
+# micro-batch for a small model; the per-layer overhead is fitted where two runs differ only in micro-batch
+# size (:func:`_per_layer_time_unseen`), else it keeps the base profile's value and says why
 STEP_PARAMS_CPU = ("gemm_eff", "comm_latency_scale", "layer_overhead_s")
 POWER_PARAMS = ("power_compute", "power_wait")
 # what the power fit moves (against measured mean device power); every other coefficient is fitted on step time
@@ -406,19 +406,21 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
 def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:
     """Why these CPU runs cannot tell a per-layer host time from GEMM efficiency ("" when they can).
 
-    Both scale a layer pass's time: GEMM time with its tokens, host time not. Only one model measured at
-    two token counts per micro-batch separates them: on a host CPU what TP adds per layer is collective
-    latency, which ``comm_latency_scale`` takes, and another model's layers launch other ops. Without that,
-    any split fits equally and the fit ends wherever it starts (on the README's three runs, two models at
-    one micro-batch size, it went to its bound)."""
-    tokens: dict[tuple[int, int, int], set[int]] = {}
+    Both scale a layer pass's time: GEMM time with its tokens, host time not. What separates them cleanly
+    is two runs that differ only in tokens per micro-batch — one model, layout and recompute. Across
+    layouts the difference goes to other terms as well (on a host CPU what TP adds per layer is collective
+    latency, which ``comm_latency_scale`` takes; recompute and pipelines add passes), and across models the
+    layers launch other ops; the README's three runs, two models over three layouts, left it anywhere
+    between 0.3 ms and its lower bound from one measurement to the next."""
+    tokens: dict[tuple[object, ...], set[int]] = {}
     for r in runs:
-        tokens.setdefault((r.case.layers, r.case.hidden, r.case.ffn), set()).add(r.case.micro_batch * r.case.seq_len)
+        c = r.case
+        key = (c.layers, c.hidden, c.ffn, c.tp, c.pp, c.dp, c.cp, c.vp, c.recompute, c.sequence_parallel)
+        tokens.setdefault(key, set()).add(c.micro_batch * c.seq_len)
     if any(len(t) > 1 for t in tokens.values()):
         return ""
-    counts = ", ".join(str(t) for ts in tokens.values() for t in sorted(ts))
-    return (f"no model here was run at two token counts per micro-batch ({counts}), so its per-layer host time "
-            "cannot be told from GEMM efficiency; add a run at another micro-batch size")
+    return ("no two runs here differ only in tokens per micro-batch (one model, layout and recompute), so its "
+            "per-layer host time cannot be told from GEMM efficiency; add one of them again at another micro-batch size")
 
 
 def _measured_fixed_time(runs: Sequence[MeasuredRun], cal: Calibration,
