@@ -328,10 +328,12 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     Named ``params`` are refused (ValueError, one line) when unknown, repeated, more than the runs
     that measure them, or invisible to the fit: moving one changes none of these runs' predictions, so
     any value would fit. The default — GEMM efficiency and per-layer overhead, plus the intra-node link
-    efficiency when any run is distributed (for ranks sharing a host CPU: GEMM efficiency and the
-    collective latency scale) — leaves out what the runs cannot see (``error.not_fitted`` says why) and
-    takes no more than there are runs; power_compute and power_wait are fitted where power was measured
-    and ``params`` names no power coefficient."""
+    efficiency when any run is distributed (for ranks sharing a host CPU: GEMM efficiency, the collective
+    latency scale, and the per-layer overhead where two runs differ only in micro-batch size) — leaves out
+    what the runs cannot see (``error.not_fitted`` says why) and takes no more than there are runs;
+    power_compute and power_wait are fitted where power was measured and ``params`` names no power
+    coefficient. The step's fixed time is measured from the runs' events where they time it
+    (:func:`_measured_fixed_time`, ``error.measured``), unless ``params`` names it."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
     base_cal = base if isinstance(base, Calibration) else load_calibration(base)
@@ -363,19 +365,9 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
             raise ValueError("; ".join(f"--params {k}: {why}, so the fit cannot see it; {fix}"
                                        for k, (why, fix) in unseen.items()))
     else:
-        not_fitted = {k: why for k, (why, _) in _unseen(step, runs, cal).items()}
-        if cpu and "layer_overhead_s" in step and "layer_overhead_s" not in not_fitted and (
-                why := _per_layer_time_unseen(runs)):
-            not_fitted["layer_overhead_s"] = why
-        step = [p for p in step if p not in not_fitted]
-        if not step:
-            raise ValueError(f"these runs constrain none of the default coefficients "
-                             f"({'; '.join(f'{k}: {why}' for k, why in not_fitted.items())}); name some with --params")
-        not_fitted.update({p: f"only {len(runs)} run(s), one per coefficient" for p in step[len(runs):]})
-        step = step[: len(runs)]
+        step, not_fitted = _default_step_params(step, runs, cal, cpu)
     if not measured and "step_overhead_s" not in chosen:
-        not_fitted["step_overhead_s"] = ("not measured either: no run here times its steps' forward, backward and "
-                                         "optimizer spans outside a pipeline (whose stages wait outside them)")
+        not_fitted["step_overhead_s"] = _NOT_MEASURED
     if not power and powered:
         power = list(POWER_PARAMS)
     before = errors(runs, base_cal)
@@ -421,6 +413,26 @@ def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:
         return ""
     return ("no two runs here differ only in tokens per micro-batch (one model, layout and recompute), so its "
             "per-layer host time cannot be told from GEMM efficiency; add one of them again at another micro-batch size")
+
+
+def _default_step_params(step: list[str], runs: Sequence[MeasuredRun], cal: Calibration,
+                         cpu: bool) -> tuple[list[str], dict[str, str]]:
+    """(the default step-time coefficients these runs can fit, {left out: why}): none the runs cannot see,
+    on CPU runs the per-layer host time only where they separate it, no more than there are runs."""
+    not_fitted = {k: why for k, (why, _) in _unseen(step, runs, cal).items()}
+    if cpu and "layer_overhead_s" in step and "layer_overhead_s" not in not_fitted and (
+            why := _per_layer_time_unseen(runs)):
+        not_fitted["layer_overhead_s"] = why
+    step = [p for p in step if p not in not_fitted]
+    if not step:
+        raise ValueError(f"these runs constrain none of the default coefficients "
+                         f"({'; '.join(f'{k}: {why}' for k, why in not_fitted.items())}); name some with --params")
+    not_fitted.update({p: f"only {len(runs)} run(s), one per coefficient" for p in step[len(runs):]})
+    return step[: len(runs)], not_fitted
+
+
+_NOT_MEASURED = ("not measured either: no run here times its steps' forward, backward and optimizer spans outside "
+                 "a pipeline (whose stages wait outside them)")
 
 
 def _measured_fixed_time(runs: Sequence[MeasuredRun], cal: Calibration,

@@ -392,21 +392,26 @@ def _precision_missing(value: Any) -> str | None:
     return "precision not published" if value is None or not str(value).strip() else None
 
 
+def _global_batch(b: dict[str, Any], seq: int, dp: int, assumptions: list[str]) -> int:
+    """The global batch in sequences: as stated; divided by the sequence length when stated in tokens ("4M
+    tokens"); else micro-batch × accumulation steps × dp (``_missing`` let the run through only then)."""
+    gb = _int(b.get("global"))
+    if gb is not None and "token" in str(b.get("global")).lower():
+        tokens, gb = gb, max(1, round(gb / seq))
+        assumptions.append(f"global batch {b.get('global')!r} is in tokens: {tokens:,} ÷ sequence length {seq:,} "
+                           f"= {gb:,} sequences" + ("" if tokens % seq == 0 else " (rounded)"))
+    if gb is None:
+        gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
+        assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
+    return gb
+
+
 def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[str, Any], b: dict[str, Any],
           dev: DeviceSpec, stack: FrameworkReading, degrees: tuple[int, int, int, int], out: PublishedRun) -> Case:
     """The Case of an entry whose required fields are present (framework defaults fill the rest)."""
     tp, pp, cp, dp = degrees
     layers = int(_int(m["layers"]) or 1)
-    gb = _int(b.get("global"))
-    if gb is not None and "token" in str(b.get("global")).lower():  # "4M tokens": a batch in tokens, not sequences
-        seq = int(_int(m["seq_len"]) or 1)
-        tokens = gb
-        gb = max(1, round(tokens / seq))
-        out.assumptions.append(f"global batch {b.get('global')!r} is in tokens: {tokens:,} ÷ sequence length {seq:,} "
-                               f"= {gb:,} sequences" + ("" if tokens % seq == 0 else " (rounded)"))
-    if gb is None:  # _missing let it through: micro-batch and accumulation steps are stated
-        gb = int(_int(b["micro"]) or 1) * int(_int(b["grad_accum"]) or 1) * dp
-        out.assumptions.append(f"global batch not published: {gb} = micro-batch × accumulation steps × dp {dp}")
+    gb = _global_batch(b, int(_int(m["seq_len"]) or 1), dp, out.assumptions)
     micro = _int(b.get("micro"))
     if micro is None and stack.era == "torchtitan" and pp > 1:
         micro = 1
