@@ -36,12 +36,17 @@ echo "== 3/3  the same sweep predicted: a profile fitted on this machine's four 
 echo "        (micro-batch 1 and 2, so the fit can tell per-layer host time from GEMM speed); the four"
 echo "        with full recompute were not fitted on"
 profile="$out/cpu-profile.yaml"
+fit=("$out"/cpu-sweep/*rcnone*/)
 # GEMM efficiency and the per-layer host time: these runs' few collectives (DDP's gradient all-reduce,
-# the pipeline's sends) do not pin gloo's latency, so it keeps the base profile's value
-if ! $pt calibrate "$out"/cpu-sweep/*rcnone*/ --name demo-cpu --output "$profile" --params gemm_eff,layer_overhead_s; then
-  # a busy machine can measure runs no coefficient within its physical range fits; say so and go on
-  echo "demo: the calibration was refused (above); predicting with the default profile, NOT fitted to this machine"
-  profile=default
+# the pipeline's sends) do not pin gloo's latency, so it keeps the base profile's value. A noisy machine
+# can measure micro-batch 2 no faster than 1, and the per-layer time then runs to its bound (refused):
+# GEMM efficiency alone is fitted then, and only if that is refused too the default profile is used
+if ! $pt calibrate "${fit[@]}" --name demo-cpu --output "$profile" --params gemm_eff,layer_overhead_s; then
+  echo "demo: refused (above); fitting GEMM efficiency alone"
+  if ! $pt calibrate "${fit[@]}" --name demo-cpu --output "$profile" --params gemm_eff --force; then
+    echo "demo: refused again (above); predicting with the default profile, NOT fitted to this machine"
+    profile=default
+  fi
 fi
 # A sibling folder: a prediction inside the sweep folder would be read as one of its runs.
 $pt predict examples/cpu-sweep.yaml --profile "$profile" --out "$out/cpu-sweep-predicted"
