@@ -355,3 +355,12 @@ def test_cpu_default_fits_per_layer_time_only_where_the_runs_vary_tokens_per_mic
     assert varied.coefficients.layer_overhead_s == pytest.approx(TRUTH.coefficients.layer_overhead_s, rel=0.5)
     for name in ("pp2", "dp2-full", "tp2-sp"):
         assert predict(LAYOUTS[name], varied).metrics["step_time_mean_s"] == pytest.approx(truth[name], rel=0.20), name
+
+
+def test_cpu_default_leaves_gloo_latency_alone_without_per_layer_collectives(measured) -> None:
+    root, _ = measured
+    # DDP and a pipeline only: their few collectives do not pin the latency scale (a real sweep ran it to its bound)
+    prof = fit_calibration(collect_runs([root / n for n in ("dp1", "dp2", "pp2", "dp1-mb4")]), name="ddp-pp")
+    assert "comm_latency_scale" not in prof.error["fitted"]
+    assert "per-layer collectives" in prof.error["not_fitted"]["comm_latency_scale"]
+    assert prof.error["fitted"] == ["gemm_eff_fp32", "layer_overhead_s"]

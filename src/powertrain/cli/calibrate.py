@@ -19,7 +19,7 @@ def calibrate_cmd(
     runs: Annotated[list[Path], typer.Argument(help="Measured run directories, or sweep folders of them.")],
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the profile to write.")],
     base: Annotated[str, typer.Option("--base", help="Profile to start from.")] = "default",
-    params: Annotated[str | None, typer.Option("--params", help="Comma-separated coefficients to fit, at most one per run (default: GEMM efficiency, per-layer overhead, intra-node link efficiency; for ranks on a host CPU: GEMM efficiency, gloo latency scale, and the per-layer overhead where two runs differ only in micro-batch size; gemm_eff means the one that sets the runs' GEMM rate). One these runs' predictions do not move is refused.")] = None,
+    params: Annotated[str | None, typer.Option("--params", help="Comma-separated coefficients to fit, at most one per run (default: GEMM efficiency, per-layer overhead, intra-node link efficiency; for ranks on a host CPU: GEMM efficiency, the gloo latency scale where a run has TP or FSDP, and the per-layer overhead where two runs differ only in micro-batch size; gemm_eff means the one that sets the runs' GEMM rate). One these runs' predictions do not move is refused.")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="Write the profile YAML here instead of the user profile folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing profile of that name (never any other "
                                                         "file).")] = False,

@@ -329,7 +329,8 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     that measure them, or invisible to the fit: moving one changes none of these runs' predictions, so
     any value would fit. The default — GEMM efficiency and per-layer overhead, plus the intra-node link
     efficiency when any run is distributed (for ranks sharing a host CPU: GEMM efficiency, the collective
-    latency scale, and the per-layer overhead where two runs differ only in micro-batch size) — leaves out
+    latency scale where a run has TP or FSDP, and the per-layer overhead where two runs differ only in
+    micro-batch size) — leaves out
     what the runs cannot see (``error.not_fitted`` says why) and takes no more than there are runs;
     power_compute and power_wait are fitted where power was measured and ``params`` names no power
     coefficient. The step's fixed time is measured from the runs' events where they time it
@@ -417,12 +418,17 @@ def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:
 
 def _default_step_params(step: list[str], runs: Sequence[MeasuredRun], cal: Calibration,
                          cpu: bool) -> tuple[list[str], dict[str, str]]:
-    """(the default step-time coefficients these runs can fit, {left out: why}): none the runs cannot see,
-    on CPU runs the per-layer host time only where they separate it, no more than there are runs."""
+    """(the default step-time coefficients these runs can fit, {left out: why}): none the runs cannot see;
+    on CPU runs the per-layer host time only where they separate it and gloo's latency only where some run
+    has per-layer collectives; no more than there are runs."""
     not_fitted = {k: why for k, (why, _) in _unseen(step, runs, cal).items()}
     if cpu and "layer_overhead_s" in step and "layer_overhead_s" not in not_fitted and (
             why := _per_layer_time_unseen(runs)):
         not_fitted["layer_overhead_s"] = why
+    if cpu and "comm_latency_scale" in step and not any(r.case.tp > 1 or r.case.fsdp for r in runs):
+        # seen (it moves a prediction a little) but not pinned: on DDP and pipeline sweeps it ran to its bound
+        not_fitted["comm_latency_scale"] = ("no run here has per-layer collectives (TP or FSDP): DDP's few bucketed "
+                                            "all-reduces and a pipeline's sends do not pin gloo's latency")
     step = [p for p in step if p not in not_fitted]
     if not step:
         raise ValueError(f"these runs constrain none of the default coefficients "
