@@ -75,6 +75,7 @@ def test_recipes_from_free_text() -> None:
     assert recipe_from_text("bf16") == ""
     # torchao's rowwise scaling, like its tensorwise one, scales by this step's amax
     assert recipe_from_text("fp8 rowwise (torchao)") == recipe_from_text("FP8 dynamic scaling") == "current"
+    assert recipe_from_text("fp8 delayed scaling, dynamic loss scaling") == "delayed"
     # with the precision already read, only a recipe of that precision
     assert recipe_from_text("fp8 (Transformer Engine, tensorwise; config not '_fp4')", "fp8") == "current"
     assert recipe_from_text("fp4 (MXFP4)", "fp4") == "nvfp4" and recipe_from_text("bf16 (not fp8)", "bf16") == ""

@@ -212,6 +212,9 @@ def read_measured_run(path: str | Path) -> MeasuredRun:
                        fixed_time_s=step_fixed_time(ev, case))
 
 
+_PHASES = ("forward", "backward", "optimizer")  # the spans of a step the model times itself
+
+
 def step_fixed_time(ev: Any, case: Case) -> float | None:
     """Seconds of a measured step outside its micro-batches' forward and backward and the optimizer (data
     loading, zeroing gradients, the loss's reduction and logging): the median over measured steps and
@@ -219,24 +222,31 @@ def step_fixed_time(ev: Any, case: Case) -> float | None:
     optimizer after the step). ``None`` for a pipeline run — a stage's waits for the others fall outside
     its forward and backward events, and the model counts those as the bubble — and where the events lack
     forward, backward or optimizer spans inside measured steps (a run recorded by another trainer)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if case.pp > 1:
         return None
-    rows = ev.select(["rank", "kind", "step", "t_start_ns", "t_end_ns", "window"]).to_pylist()
-    spans = {(r["rank"], r["step"]): (r["t_start_ns"], r["t_end_ns"]) for r in rows
-             if r["kind"] == "step" and r["window"] == "measured" and r["step"] is not None}
-    inside: dict[tuple[int, int], float] = dict.fromkeys(spans, 0.0)
-    kinds: set[str] = set()
-    for r in rows:
-        span = spans.get((r["rank"], r["step"]))
-        if span is None or r["kind"] not in ("forward", "backward", "optimizer"):
-            continue
-        if span[0] <= r["t_start_ns"] and r["t_end_ns"] <= span[1]:
-            inside[(r["rank"], r["step"])] += (r["t_end_ns"] - r["t_start_ns"]) / 1e9
-            kinds.add(r["kind"])
-    if kinds != {"forward", "backward", "optimizer"}:
+    steps = ev.filter(pc.and_(pc.equal(ev["kind"], "step"), pc.equal(ev["window"], "measured")))
+    steps = steps.filter(pc.is_valid(steps["step"]))
+    phases = ev.filter(pc.is_in(ev["kind"], value_set=pa.array(_PHASES)))
+    phases = phases.filter(pc.is_valid(phases["step"]))
+    if steps.num_rows == 0 or phases.num_rows == 0:
         return None
-    rest = [max(0.0, (t1 - t0) / 1e9 - inside[key]) for key, (t0, t1) in spans.items()]
-    return float(np.median(rest))
+
+    def keys(t: Any) -> np.ndarray:  # one integer per (rank, step)
+        return np.asarray(t["rank"], dtype=np.int64) * (1 << 40) + np.asarray(t["step"], dtype=np.int64)
+
+    s_key, order = np.unique(keys(steps), return_index=True)  # the first span of each (rank, step)
+    s0 = np.asarray(steps["t_start_ns"], dtype=np.int64)[order]
+    s1 = np.asarray(steps["t_end_ns"], dtype=np.int64)[order]
+    p_key, p0, p1 = keys(phases), np.asarray(phases["t_start_ns"], np.int64), np.asarray(phases["t_end_ns"], np.int64)
+    at = np.clip(np.searchsorted(s_key, p_key), 0, len(s_key) - 1)
+    inside = (s_key[at] == p_key) & (s0[at] <= p0) & (p1 <= s1[at])
+    if set(np.asarray(phases["kind"], dtype=object)[inside]) != set(_PHASES):
+        return None
+    spent = np.bincount(at[inside], weights=(p1 - p0)[inside] / 1e9, minlength=len(s_key))
+    return float(np.median(np.maximum(0.0, (s1 - s0) / 1e9 - spent)))
 
 
 def collect_runs(paths: Iterable[str | Path]) -> list[MeasuredRun]:
@@ -330,8 +340,8 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     any value would fit. The default — GEMM efficiency and per-layer overhead, plus the intra-node link
     efficiency when any run is distributed (for ranks sharing a host CPU: GEMM efficiency, the collective
     latency scale where a run has TP or FSDP, and the per-layer overhead where two runs differ only in
-    micro-batch size) — leaves out
-    what the runs cannot see (``error.not_fitted`` says why) and takes no more than there are runs;
+    micro-batch size) — leaves out what the runs cannot see (``error.not_fitted`` says why) and takes no
+    more than there are runs;
     power_compute and power_wait are fitted where power was measured and ``params`` names no power
     coefficient. The step's fixed time is measured from the runs' events where they time it
     (:func:`_measured_fixed_time`, ``error.measured``), unless ``params`` names it."""

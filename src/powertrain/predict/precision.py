@@ -150,8 +150,10 @@ def recipe_from_text(text: str, precision: str | None = None) -> str:
         return "mxfp8"
     if "block" in t or "fp8-bs" in t or "deepseek" in t:
         return "blockwise"
-    # torchao's float8 (tensorwise, rowwise/axiswise) and any "dynamic" scaling compute the scale from this step's amax
-    if any(w in t for w in ("fp8-cs", "current", "tensorwise", "float8", "rowwise", "row-wise", "axiswise", "dynamic")):
+    # torchao's float8 (tensorwise, rowwise/axiswise) and dynamic scaling compute the scale from this step's amax
+    # ("dynamic loss scaling" is fp16's, not a recipe: spaces are gone here, so it reads "dynamiclossscal")
+    if any(w in t for w in ("fp8-cs", "current", "tensorwise", "float8", "rowwise", "row-wise", "axiswise",
+                            "dynamicscal")):
         return "current"
     if "delayed" in t or "fp8" in t:
         return "delayed"
