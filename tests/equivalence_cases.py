@@ -27,10 +27,20 @@ GPT = {**LLAMA, "name": "gpt-test", "family": "gpt", "kv_heads": 4}
 MIXTRAL = {**LLAMA, "name": "mixtral-test", "family": "mixtral", "experts": 4, "top_k": 2}
 
 
-def case(name: str, world: int, layout: dict, model: dict = LLAMA, micro: int = 1, skip: bool = False, **knobs):
+# LoRA (task: kind lora): rank 4 adapters on every linear layer of a block (GPT's MLP has no gate), or on the
+# attention projections only (the task's default targets: all an MoE block takes in this trainer)
+LORA_ALL = {"kind": "lora", "rank": 4, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                   "down_proj"]}
+LORA_GELU = {**LORA_ALL, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}
+LORA_ATTN = {"kind": "lora", "rank": 4}
+
+
+def case(name: str, world: int, layout: dict, model: dict = LLAMA, micro: int = 1, skip: bool = False,
+         task: dict | None = None, **knobs):
     cfg = {"model": model, "layout": layout, "hardware": {"devices_per_node": world},
-           "knobs": {"global_batch": 8, "micro_batch": micro, "lr": 3e-3, **knobs}}
-    return {"name": name, "config": cfg, "steps": STEPS, "skip_grad_sync": skip}
+           "knobs": {"global_batch": 8, "micro_batch": micro, "lr": 3e-3, **knobs}, **({"task": task} if task else {})}
+    # a LoRA case also reports what its ranks train (test_workload_layouts: the adapters alone)
+    return {"name": name, "config": cfg, "steps": STEPS, "skip_grad_sync": skip, "facts": task is not None}
 
 
 CASES = {
@@ -48,6 +58,16 @@ CASES = {
         case("pp_interleaved", 2, {"pp": 2, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2}, GPT, micro=2),
         case("ep", 2, {"ep": 2}, MIXTRAL, micro=2),
         case("moe_tp_sp", 2, {"tp": 2, "sequence_parallel": True}, MIXTRAL, micro=8),
+        case("lora_ddp_distopt", 2, {"distributed_optimizer": True}, task=LORA_ALL),
+        case("lora_ddp_broken_sync", 2, {}, skip=True, task=LORA_ALL),
+        case("lora_fsdp", 2, {"fsdp": True}, micro=2, task=LORA_ALL),
+        case("lora_tp_sp_full_recompute", 2, {"tp": 2, "sequence_parallel": True}, micro=8, recompute="full",
+             task=LORA_ALL),
+        case("lora_tp_gpt", 2, {"tp": 2}, GPT, micro=8, task=LORA_GELU),
+        case("lora_pp_1f1b_selective", 2, {"pp": 2}, micro=2, recompute="selective", task=LORA_ALL),
+        case("lora_pp_interleaved_gpt", 2, {"pp": 2, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2}, GPT,
+             micro=2, task=LORA_GELU),
+        case("lora_ep", 2, {"ep": 2}, MIXTRAL, micro=2, task=LORA_ATTN),
     ],
     4: [
         case("fsdp_x_tp_selective", 4, {"tp": 2, "fsdp": True}, micro=4, recompute="selective"),
@@ -57,6 +77,8 @@ CASES = {
         case("dp_x_pp_broken_sync", 4, {"pp": 2}, micro=2, skip=True),
         case("fsdp_x_pp", 4, {"pp": 2, "fsdp": True}, micro=2),
         case("dp_x_ep_x_tp", 4, {"tp": 2, "ep": 2, "sequence_parallel": True}, MIXTRAL, micro=4),
+        case("lora_fsdp_x_tp_selective", 4, {"tp": 2, "fsdp": True}, micro=4, recompute="selective", task=LORA_ATTN),
+        case("lora_dp_x_ep_x_tp", 4, {"tp": 2, "ep": 2, "sequence_parallel": True}, MIXTRAL, micro=4, task=LORA_ATTN),
     ],
 }
 

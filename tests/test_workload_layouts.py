@@ -55,3 +55,33 @@ def test_two_ranks_match_single_process(c, world2):
 @pytest.mark.parametrize("c", CASES[4], ids=[c["name"] for c in CASES[4]])
 def test_four_ranks_match_single_process(c, world4):
     check(c, world4)
+
+
+@pytest.mark.slow
+def test_lora_ranks_keep_optimizer_state_for_their_adapters_alone(world2, world4):
+    """Every LoRA layout's rank updates, and keeps AdamW state for, exactly its share of the adapters
+    the predictor counts (core.lora), and nothing of the frozen base: a parallelism that re-created a
+    frozen weight as trainable (torch's SequenceParallel does, for the norms) or split an adapter
+    wrongly shows here, even where Adam's scale-free first steps would hide it in the losses."""
+    from powertrain.core.flops import shape_of
+    from powertrain.core.lora import adapter_parameters
+
+    checked = 0
+    for world, losses in ((2, world2), (4, world4)):
+        for c in CASES[world]:
+            cfg = RunConfig.model_validate(c["config"])
+            if not cfg.task.is_lora or c["skip_grad_sync"]:
+                continue
+            f, lay = losses[f"{c['name']}/facts"], cfg.layout.resolve(world)
+            lora = cfg.task.lora()
+            assert lora is not None
+            total = adapter_parameters(shape_of(cfg.model), lora)["dense"]
+            share = total / (lay.tp * lay.pp * (lay.dp if lay.fsdp else 1))  # rank 0's facts
+            assert f["state_numel"] == f["optimizer_numel"], c["name"]
+            if lay.distributed_optimizer:  # ZeRO-1 over the adapters: rank 0 owns about half of them
+                assert 0.3 < f["state_numel"] / share < 0.7, (c["name"], f)
+            else:
+                assert f["state_numel"] == share, (c["name"], f, share)
+            assert f["param_numel"] > 4 * share, c["name"]  # the frozen base is there, and holds no state
+            checked += 1
+    assert checked >= 9

@@ -13,6 +13,10 @@ are not FLOPs. **Hardware FLOPs** add what recomputation repeats: ``full`` one m
 blocks (``2·N_layers_active + 4·L·h·s`` per token), ``selective`` the attention core only
 (``4·L·h·s``).
 
+A LoRA run (``task: {kind: lora}`` in run.json's config) counts what its step does: the frozen
+weights' GEMMs forward and activation gradients only (``2 ×`` forward), the attention core ``3 ×``,
+the adapters' GEMMs ``3 ×`` (:mod:`powertrain.core.flops` states it in full).
+
 Model and hardware FLOPs come from :mod:`powertrain.core.flops`, the one definition the predictor
 uses too; ``flops_source`` in a summary names it.
 
@@ -31,16 +35,23 @@ from typing import Any
 
 from powertrain.core import flops
 from powertrain.spec.model import get_model
+from powertrain.spec.run import Task
 
 
-def model_flops_per_token(model: Any) -> tuple[float, str]:
-    """(training FLOPs per token, source) for a model name, dict or ModelConfig."""
-    return float(flops.model_flops_per_token(get_model(model))), "powertrain.core.flops.model_flops_per_token"
+def _shape(model: Any, task: Any) -> flops.Shape:
+    """The model's shape with the LoRA adapters of the run's ``task`` section (a dict as in run.json), if any."""
+    lora = Task.model_validate(task).lora() if task else None
+    return flops.shape_of(get_model(model), lora=lora)
 
 
-def hardware_flops_per_token(model: Any, recompute: str) -> float:
+def model_flops_per_token(model: Any, task: Any = None) -> tuple[float, str]:
+    """(training FLOPs per token, source) for a model name, dict or ModelConfig, and the run's ``task``."""
+    return float(flops.model_flops_per_token(_shape(model, task))), "powertrain.core.flops.model_flops_per_token"
+
+
+def hardware_flops_per_token(model: Any, recompute: str, task: Any = None) -> float:
     """Training FLOPs per token including what recomputation repeats."""
-    return float(flops.hardware_flops_per_token(get_model(model), recompute))
+    return float(flops.hardware_flops_per_token(_shape(model, task), recompute))
 
 
 def cpu_probe_peak_flops(threads: int | None = None) -> float:

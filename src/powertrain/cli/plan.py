@@ -92,7 +92,10 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
     # the device controls column only where a run sets one (a power-cap or clock sweep)
     with_controls = any(r.config and r.config.knobs.controls() for r in p.runs)
-    cols = ("id", "model", "layout", "mb", "gb", "recompute", *(("controls",) if with_controls else ()),
+    # the task column only where a run fine-tunes with LoRA (every other run trains all weights)
+    with_task = any(r.config and r.config.task.is_lora for r in p.runs)
+    cols = ("id", "model", "layout", *(("task",) if with_task else ()), "mb", "gb", "recompute",
+            *(("controls",) if with_controls else ()),
             "mem/dev GiB", "fits", "status", "reason")
     for col in cols:
         table.add_column(col, overflow="fold")
@@ -103,6 +106,7 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             r.id,
             c.model.name if c else "—",
             c.layout.label() if c else "—",
+            *((c.task.label() if c else "—",) if with_task else ()),
             str(c.knobs.micro_batch) if c else "—",
             str(c.knobs.global_batch) if c else "—",
             c.knobs.recompute if c else "—",

@@ -131,8 +131,9 @@ def run(
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     if check_only:
+        task = f", {cfg.task.label()}" if cfg.task.is_lora else ""
         err.print(f"[green]ok:[/] {escape(shown(spec))} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
-                  f"world {cfg.world})")
+                  f"world {cfg.world}{escape(task)})")
         return
     from powertrain.launch.local import launch_local
 

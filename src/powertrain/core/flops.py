@@ -11,6 +11,14 @@ Conventions (those of Megatron-LM's ``num_floating_point_operations`` and of PaL
 * **model FLOPs** do not count recomputation; **hardware FLOPs** do: full recompute repeats every
   layer's forward (not the logit layer), selective repeats the attention core.
 
+**LoRA fine-tuning** (a shape with ``lora_rank`` > 0; adapters from :mod:`powertrain.core.lora`) counts
+the work its step must do, not 6·N: the frozen weights' GEMMs (projections, MLP, logit layer) run
+forward and compute activation gradients only, ``2 ×`` their forward (no weight gradients); the
+attention core stays ``3 ×`` (it has no weights); each adapter's two GEMMs ``2·r·(d_in + d_out)`` per
+token run forward, activation- and weight-gradient passes, ``3 ×``. Full recomputation repeats the
+adapters' forward too. So a LoRA run's MFU is the useful work of *its* step over the peak, about
+two-thirds of what the same tokens would count under full training.
+
 MFU = model FLOPs per second ÷ (devices × dense peak at the run's precision);
 HFU = hardware FLOPs per second ÷ the same peak.
 """
@@ -19,6 +27,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any, NamedTuple
+
+from powertrain.core.lora import Lora, adapter_flops_per_token
 
 
 class Shape(NamedTuple):
@@ -45,12 +55,18 @@ class Shape(NamedTuple):
     mtp_layers: int = 0
     # one vocab×hidden matrix serves as embedding and head (its logit GEMM still runs): fewer parameters
     tied_embeddings: bool = False
+    # LoRA fine-tuning (core.lora): adapters of this rank on these targets, every base weight frozen; 0: none
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
 
 
-def shape_of(model: Any, seq_len: int | None = None) -> Shape:
-    """A Shape from a ModelConfig, a predict Case, or anything with the same attributes."""
+def shape_of(model: Any, seq_len: int | None = None, lora: Lora | None = None) -> Shape:
+    """A Shape from a ModelConfig, a predict Case, or anything with the same attributes.
+
+    ``lora``: LoRA adapters to cost (a ModelConfig holds none: a run's ``task`` says); otherwise the
+    model's own ``lora_rank``/``lora_targets`` (a Case's), if any."""
     if type(model) is Shape and (seq_len is None or seq_len == model.seq_len):
-        return model
+        return model if lora is None else model._replace(lora_rank=lora.rank, lora_targets=tuple(lora.targets))
     gated = getattr(model, "gated", None)
     if gated is None:
         gated = getattr(model, "family", "llama") in ("llama", "mixtral")
@@ -65,7 +81,9 @@ def shape_of(model: Any, seq_len: int | None = None) -> Shape:
                  int(seq_len or model.seq_len), experts, int(getattr(model, "top_k", 1) or 1), moe_ffn,
                  int(getattr(model, "shared_experts", 0) or 0), bool(gated), extra("head_dim"), extra("shared_ffn"),
                  extra("dense_layers"), extra("q_lora_rank"), extra("kv_lora_rank"), extra("qk_rope_dim"),
-                 extra("v_head_dim"), extra("mtp_layers"), bool(getattr(model, "tied_embeddings", False)))
+                 extra("v_head_dim"), extra("mtp_layers"), bool(getattr(model, "tied_embeddings", False)),
+                 lora.rank if lora else extra("lora_rank"),
+                 tuple(lora.targets if lora else getattr(model, "lora_targets", ()) or ()))
 
 
 class LayerFlops(NamedTuple):
@@ -132,11 +150,20 @@ def logit_flops_per_token(s: Shape) -> float:
     return float(2 * s.hidden * s.vocab)
 
 
+def _adapter_flops(s: Shape) -> float:
+    """Forward FLOPs per token of the shape's LoRA adapters (0 without LoRA)."""
+    return adapter_flops_per_token(s, Lora(s.lora_rank, s.lora_targets)) if s.lora_rank else 0.0
+
+
 def model_flops_per_token(model: Any, seq_len: int | None = None) -> float:
-    """Training model FLOPs per token (forward + backward, no recomputation)."""
+    """Training model FLOPs per token (forward + backward, no recomputation); LoRA as the module docstring says."""
     s = shape_of(model, seq_len)
     lf = layer_flops_per_token(s)
-    return 3.0 * (_stack_flops(s, lf) + (1 + s.mtp_layers) * logit_flops_per_token(s))
+    stack, logits = _stack_flops(s, lf), (1 + s.mtp_layers) * logit_flops_per_token(s)
+    if not s.lora_rank:
+        return 3.0 * (stack + logits)
+    attention = (s.layers + s.mtp_layers) * lf.attention
+    return 2.0 * (stack - attention + logits) + 3.0 * attention + 3.0 * _adapter_flops(s)
 
 
 def model_flops_per_step(model: Any, global_batch: int, seq_len: int | None = None) -> float:
@@ -150,7 +177,7 @@ def recompute_flops_per_token(model: Any, recompute: str, seq_len: int | None = 
     s = shape_of(model, seq_len)
     lf = layer_flops_per_token(s)
     if recompute == "full":
-        return _stack_flops(s, lf)
+        return _stack_flops(s, lf) + _adapter_flops(s)
     if recompute == "selective":
         return s.layers * lf.attention
     if recompute in ("none", None):

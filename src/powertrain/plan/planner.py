@@ -32,9 +32,11 @@ from powertrain.spec.validate import validate
 
 Status = Literal["planned", "rejected", "unsupported", "duplicate"]
 
-# Rules that are limits of the built-in trainer (torch.distributed.pipelining), not of the
-# configuration itself: other engines run these points.
-TRAINER_LIMIT_RULES = frozenset({"pipeline_microbatches"})
+# Rules that are limits of the built-in trainer (torch.distributed.pipelining; its LoRA has no fused
+# Q/K/V layer and no adapters on stacked experts), not of the configuration itself: other engines
+# (Megatron-Core, NeMo) run these points.
+TRAINER_LIMIT_RULES = frozenset({"pipeline_microbatches", "lora_fused_qkv_unsupported",
+                                 "lora_expert_targets_unsupported"})
 
 
 @dataclass

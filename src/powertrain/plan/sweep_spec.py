@@ -120,7 +120,7 @@ class SweepSpec(BaseModel):
 
 
 # -- nested dict helpers --------------------------------------------------------------------------
-_SECTIONS = ("layout", "knobs", "hardware", "protocol", "data", "launch")
+_SECTIONS = ("layout", "knobs", "hardware", "protocol", "data", "task", "launch")
 
 
 def _set_dotted(target: dict[str, Any], key: str, value: Any) -> None:

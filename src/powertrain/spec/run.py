@@ -1,4 +1,4 @@
-"""One resolved run configuration: model × layout × knobs × hardware × protocol.
+"""One resolved run configuration: model × layout × knobs × hardware × protocol × data × task.
 
 This is the typed, validated description that ``powertrain run``, ``plan``, ``sweep`` and
 ``predict`` all take. YAML specs load into it (see :func:`load_run_config`).
@@ -11,6 +11,7 @@ from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrain.core.lora import Lora, check_targets
 from powertrain.spec.bounds import SpecFileError, control_char_field, load_spec_yaml, shown
 from powertrain.spec.layout import Layout
 from powertrain.spec.model import ModelConfig, get_model
@@ -102,6 +103,10 @@ class Hardware(BaseModel):
     stand_in: bool = Field(default=False, description=(
         "the run may train on this node's CPU in place of `device` (a rehearsal: predictions use "
         "`device`, run.json says stand-in, calibrate refuses it); without it a GPU spec refuses a CPU node"))
+    cooling: Literal["air", "liquid", "immersion"] | None = Field(default=None, description=(
+        "how the nodes are cooled, where it differs from the catalog's device entry: air (front-to-back, the rear "
+        "row breathes the front row's heat; fans), liquid (cold plates), immersion (dielectric bath); sets the "
+        "predictor's slot temperatures and the node's fan power"))
 
     @property
     def world(self) -> int:
@@ -141,6 +146,77 @@ class ProfilerOptions(BaseModel):
     in_measured: bool = Field(default=False, description="allow traced steps inside the measured window")
 
 
+TaskKind = Literal["pretrain", "lora"]
+# What `task: {kind: lora}` trains when rank, alpha or targets are left out: the MLPerf Llama-2-70B LoRA
+# benchmark's rank and alpha (16, 32), on the attention projections every built-in model has.
+LORA_DEFAULT_RANK = 16
+LORA_DEFAULT_ALPHA = 32.0
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_LORA_FIELDS = ("rank", "alpha", "targets")
+
+
+class Task(BaseModel):
+    """What a run trains (the spec's ``task:`` key): every weight (``pretrain``: pre-training, or full
+    fine-tuning, which costs the same), or LoRA adapters beside frozen base weights (``lora``).
+
+    With ``kind: lora`` each targeted linear layer computes ``base(x) + (alpha/rank)·B(A(x))`` with its
+    base weight frozen; ``rank``, ``alpha`` and ``targets`` default to 16, 32 and the attention
+    projections. Targets use model-neutral names (:data:`powertrain.core.lora.TARGETS`). The LoRA fields
+    set with ``kind: pretrain`` are refused: nothing would read them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: TaskKind = "pretrain"
+    rank: int | None = Field(default=None, ge=1, le=1 << 20, description=f"LoRA rank r (kind lora; default {LORA_DEFAULT_RANK})")
+    alpha: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False,
+                                description=f"LoRA scale numerator: adapters add (alpha/rank)·B·A·x (kind lora; default "
+                                            f"{LORA_DEFAULT_ALPHA:g})")
+    targets: list[str] | None = Field(default=None, max_length=16, description=(
+        "linear layers that get adapters: q_proj, k_proj, v_proj, o_proj, qkv_proj (fused Q/K/V), gate_proj, "
+        f"up_proj, down_proj (kind lora; default {', '.join(LORA_DEFAULT_TARGETS)})"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_fields(cls, v: Any) -> Any:
+        """kind lora: the unset LoRA fields get their defaults (run.json records what ran); kind pretrain:
+        a LoRA field set is refused, naming it."""
+        if not isinstance(v, dict):
+            return v
+        given = [k for k in _LORA_FIELDS if v.get(k) is not None]
+        kind = v.get("kind", "pretrain")
+        if kind == "lora":
+            defaults = {"rank": LORA_DEFAULT_RANK, "alpha": LORA_DEFAULT_ALPHA, "targets": list(LORA_DEFAULT_TARGETS)}
+            return {**v, **{k: d for k, d in defaults.items() if v.get(k) is None}}
+        if kind == "pretrain" and given:
+            raise ValueError(f"{', '.join('task.' + k for k in given)} set but task.kind is pretrain, which trains "
+                             f"every weight and reads no LoRA field: set task.kind: lora, or drop {', '.join(given)}")
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            check_targets(v)
+        return v
+
+    @property
+    def is_lora(self) -> bool:
+        return self.kind == "lora"
+
+    def lora(self) -> Lora | None:
+        """The adapters as the cost formulas take them (:class:`powertrain.core.lora.Lora`), None for pretrain."""
+        if not self.is_lora or self.rank is None or self.targets is None:
+            return None
+        return Lora(self.rank, tuple(self.targets))
+
+    def label(self) -> str:
+        """``pretrain``, or e.g. ``LoRA r16 α32 q_proj,k_proj,v_proj,o_proj``."""
+        if not self.is_lora:
+            return "pretrain"
+        return f"LoRA r{self.rank} α{self.alpha:g} {','.join(self.targets or ())}"
+
+
 class RunLaunch(BaseModel):
     """How this run's ranks are placed on the node (the sweep's own ``launch:`` options are separate)."""
 
@@ -162,6 +238,7 @@ class RunConfig(BaseModel):
     hardware: Hardware = Hardware()
     protocol: Protocol = Protocol()
     data: Data = Data()
+    task: Task = Task()
     profile: ProfilerOptions = ProfilerOptions()
     launch: RunLaunch = RunLaunch()
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from powertrain.core.flops import shape_of
+from powertrain.core.lora import ATTENTION_TARGETS, ROW_PARALLEL, smallest_dimension
 from powertrain.hardware.catalog import DeviceSpec, UnknownDeviceError, get_device, is_cpu_name
 from powertrain.spec.run import ProfilerOptions, RunConfig
 
@@ -235,6 +237,48 @@ def rule_supported(cfg: RunConfig) -> list[Violation]:
     return out
 
 
+def rule_lora(cfg: RunConfig) -> list[Violation]:
+    """``task: {kind: lora}``: every target a linear layer of this model, a rank that is low (≤ the smallest
+    dimension of a targeted map) and splits over tp where the adapter's A is column-parallel."""
+    lora, m = cfg.task.lora(), cfg.model
+    if lora is None:
+        return []
+    out: list[Violation] = []
+    if m.family == "gpt" and "gate_proj" in lora.targets:
+        out.append(Violation("lora_target_in_model", f"task.targets names gate_proj, but model {m.name} has a GELU "
+                             "MLP without a gate", "drop gate_proj (up_proj and down_proj adapt its MLP)"))
+    attn = [t for t in lora.targets if t in ATTENTION_TARGETS]
+    if m.kv_lora_rank and attn:
+        out.append(Violation("lora_target_in_model", f"task.targets names {', '.join(attn)}, but model {m.name} has "
+                             "MLA attention (kv_lora_rank), whose projections are not Q/K/V/O",
+                             "target its MLP only (gate_proj, up_proj, down_proj)"))
+        return out
+    dim, where = smallest_dimension(shape_of(m), lora.targets)
+    if dim and lora.rank > dim:
+        out.append(Violation("lora_rank_le_dim", f"task.rank {lora.rank} exceeds {dim}, the smallest dimension of "
+                             f"{where} in model {m.name}: the update would not be low-rank",
+                             f"use task.rank ≤ {dim}, or drop {where} from task.targets"))
+    tp = cfg.layout.tp
+    column = [t for t in lora.targets if t not in ROW_PARALLEL]
+    if tp > 1 and column and lora.rank % tp:
+        out.append(Violation("lora_divisible_by_tp", f"task.rank {lora.rank} is not divisible by tp ({tp}): the A "
+                             f"of a column-parallel layer's adapter ({', '.join(column)}) is split over tp along the "
+                             "rank, as Megatron-Core's", f"use a task.rank that is a multiple of {tp}"))
+    if "qkv_proj" in lora.targets:
+        out.append(Violation("lora_fused_qkv_unsupported", "task.targets qkv_proj adapts a fused Q/K/V projection, "
+                             "and the built-in trainer's attention has separate wq, wk and wv layers",
+                             "use q_proj, k_proj, v_proj to train it here; keep qkv_proj to predict or advise a "
+                             "Megatron-Core / NeMo run"))
+    mlp = [t for t in lora.targets if t not in ATTENTION_TARGETS]
+    if m.is_moe and mlp:
+        out.append(Violation("lora_expert_targets_unsupported",
+                             f"task.targets {', '.join(mlp)} on model {m.name}: its MLP is routed experts, stacked "
+                             "weight tensors the built-in trainer puts no adapter on",
+                             "target attention only (q_proj, k_proj, v_proj, o_proj) to train it here; keep the MLP "
+                             "targets to predict or advise a Megatron-Core run"))
+    return out
+
+
 def rule_device(cfg: RunConfig) -> list[Violation]:
     """``hardware.device`` must be ``cpu`` or a catalog name or alias (user catalogs included)."""
     name = cfg.hardware.device
@@ -403,20 +447,29 @@ def rule_stand_in(cfg: RunConfig) -> list[Violation]:
     return []
 
 
+def rule_cooling(cfg: RunConfig) -> list[Violation]:
+    """``hardware.cooling`` sets the predictor's slot temperatures and fan power: a host CPU has neither here."""
+    if cfg.hardware.cooling is not None and is_cpu_name(cfg.hardware.device):
+        return [Violation("cooling_needs_gpu", f"hardware.cooling {cfg.hardware.cooling} is set for the host CPU, "
+                          "which has no thermal model here", "drop hardware.cooling, or name the GPU device it cools")]
+    return []
+
+
 # Rules that only the built-in trainer imposes (Megatron-Core / NeMo / torchtitan run these configurations)
 # or that concern only how powertrain measures a run (its data, profiler, cool-down gate), which the
 # predictor does not read: the predictor and the advisor (engine megatron) do not refuse them.
 TRAINER_ONLY_RULES = frozenset({"pipeline_microbatches", "context_parallel_unsupported", "tied_embeddings_unsupported",
                                 "fsdp_with_ep", "expert_tp_unsupported", "model_architecture_unsupported",
-                                "low_precision_unsupported",
+                                "low_precision_unsupported", "lora_fused_qkv_unsupported",
+                                "lora_expert_targets_unsupported",
                                 "data_path", "byte_vocab", "data_path_needs_text",
                                 "cooldown_temp_needs_time",
                                 "profile_needs_enabled", "profile_steps_in_run", "profile_measured_needs_in_measured",
                                 "in_measured_needs_measured_step", "profile_ranks_in_world"})
 
 RULES: list[Rule] = [rule_device, rule_world, rule_tensor_parallel, rule_pipeline, rule_experts, rule_batch,
-                     rule_recipe, rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
-                     rule_stand_in, rule_node_size, rule_cooldown, rule_profile]
+                     rule_recipe, rule_lora, rule_supported, rule_controls, rule_control_range, rule_async_tp, rule_device_order,
+                     rule_stand_in, rule_cooling, rule_node_size, rule_cooldown, rule_profile]
 
 
 def validate(cfg: RunConfig) -> list[Violation]:

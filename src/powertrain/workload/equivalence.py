@@ -55,15 +55,20 @@ def _numel(p: Any) -> int:
 
 def facts(t: Any) -> dict[str, Any]:
     """What a trainer built, as the knob walk measures it: gradient sync mode, DDP bucket size, FSDP
-    resharding and prefetch, and the share of parameters whose optimizer state this rank keeps."""
+    resharding and prefetch, the parameters this rank holds (``param_numel``), those its optimizer
+    updates (``optimizer_numel``) and those it keeps state for after the steps run (``state_numel``:
+    with LoRA, the adapters alone)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
     mod = t.par.module
     every = [p for _, m in t.par.stages for p in m.parameters()]
-    owned = getattr(t.optimizer, "owned", None)
-    out: dict[str, Any] = {"dp_mode": t.par.dp_mode, "optimizer_numel": sum(_numel(p) for p in owned or every),
-                           "param_numel": sum(_numel(p) for p in every)}
+    owned = getattr(t.optimizer, "owned", None)  # ZeRO-1 (ShardedAdamW): this rank's share
+    inner = getattr(t.optimizer, "inner", t.optimizer)
+    updated = owned if owned is not None else [p for g in t.optimizer.param_groups for p in g["params"]]
+    out: dict[str, Any] = {"dp_mode": t.par.dp_mode, "optimizer_numel": sum(_numel(p) for p in updated),
+                           "param_numel": sum(_numel(p) for p in every),
+                           "state_numel": sum(_numel(p) for p in (inner.state if inner is not None else {}))}
     if isinstance(mod, DistributedDataParallel):
         out["ddp_bucket_bytes"] = mod.bucket_bytes_cap
     blocks = [b for b in getattr(mod, "layers", {}).values() if isinstance(b, FSDPModule)]

@@ -9,6 +9,9 @@
    themselves sharded (TP, PP, EP).
 
 Every family shares the same skeleton (``models.layers.Transformer``), so one function serves all.
+LoRA adapters (``models.lora``) are on the model before step 1, so every step handles them with their
+base layers; the gradient reduction and the optimizer's replica groups hold only parameters that
+train (all of them, or the adapters alone with every base weight frozen).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import nn
 from powertrain.spec.run import RunConfig
 from powertrain.workload.mesh import Meshes
 from powertrain.workload.models.layers import Transformer
+from powertrain.workload.models.lora import trainable
 from powertrain.workload.parallel.async_tp import apply_async_tp, async_tp_unavailable
 from powertrain.workload.parallel.ddp import GradSync, apply_ddp
 from powertrain.workload.parallel.expert_parallel import apply_ep, is_expert_param
@@ -66,7 +70,8 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
             tp_mesh = meshes.sub("tp")
             assert tp_mesh is not None
             apply_tp(mod, tp_mesh, sequence_parallel=lay.sequence_parallel)
-        apply_recompute(mod, knobs.recompute)
+        # a LoRA block under TP starts collectives its early-stopped recomputation would not wait for
+        apply_recompute(mod, knobs.recompute, early_stop=not (cfg.task.is_lora and lay.tp > 1))
     if lay.tp > 1 and knobs.overlap.async_tp:  # refused, never skipped, where PyTorch cannot do it
         tp_mesh = meshes.sub("tp")
         assert tp_mesh is not None
@@ -92,12 +97,13 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
         assert dp_mesh is not None
         ddp = apply_ddp(stages[0][1], dp_mesh, knobs.overlap.ddp_bucket_mb)
         return Parallelized([(0, ddp)], "ddp", notes=notes,
-                            replica_groups=[(list(ddp.parameters()), meshes.group("dp"))])
+                            replica_groups=[(trainable(list(ddp.parameters())), meshes.group("dp"))])
     dense: list[nn.Parameter] = []
     experts: list[nn.Parameter] = []
     for _, mod in stages:
         for name, p in mod.named_parameters():
-            (experts if lay.ep > 1 and is_expert_param(name) else dense).append(p)
+            if p.requires_grad:  # a frozen (LoRA base) weight has no gradient to reduce or state to shard
+                (experts if lay.ep > 1 and is_expert_param(name) else dense).append(p)
     groups = [(dense, meshes.group("dp"))]
     if experts:
         groups.append((experts, meshes.group("edp")))
@@ -106,3 +112,8 @@ def parallelize(model: Transformer, cfg: RunConfig, meshes: Meshes, *, skip_grad
 
 def parameters(par: Parallelized) -> list[torch.nn.Parameter]:
     return [p for _, m in par.stages for p in m.parameters()]
+
+
+def trainable_parameters(par: Parallelized) -> list[torch.nn.Parameter]:
+    """This rank's parameters that train: all of them, or with LoRA only the adapters."""
+    return trainable(parameters(par))

@@ -31,10 +31,11 @@ from powertrain.spec.run import RunConfig
 from powertrain.workload.data import Batches
 from powertrain.workload.mesh import Meshes, build_meshes, device_type
 from powertrain.workload.models import build_model
+from powertrain.workload.models.lora import apply_lora, unfrozen_base
 from powertrain.workload.models.mixtral import MoE
 from powertrain.workload.parallel.pipeline import build_schedule
 from powertrain.workload.parallel.zero import ShardedAdamW
-from powertrain.workload.parallelize import Parallelized, parallelize, parameters
+from powertrain.workload.parallelize import Parallelized, parallelize, trainable_parameters
 
 # Fault injection for the crash tests: "RANK:STEP" makes that rank raise at that step,
 # "RANK:STEP:kill" makes it kill itself with SIGKILL (no Python clean-up at all).
@@ -94,13 +95,22 @@ class Trainer:
         self.rec = recorder if recorder is not None else hooks.Recorder(None)
 
         torch.manual_seed(cfg.knobs.seed)  # every rank builds the same full model, then keeps its share
-        model = build_model(cfg.model, moe_aux_coeff=cfg.knobs.moe_aux_coeff).to(self.device)
+        model = build_model(cfg.model, moe_aux_coeff=cfg.knobs.moe_aux_coeff)
+        if cfg.task.is_lora:  # adapters on the targeted layers, the base frozen (drawn on the CPU, then moved)
+            apply_lora(model, cfg.task, cfg.knobs.seed)
+        model = model.to(self.device)
         self.par: Parallelized = parallelize(model, cfg, self.meshes, skip_grad_sync=skip_grad_sync)
+        if cfg.task.is_lora:  # a parallelism that re-created a frozen weight as trainable would train the base
+            unfrozen = unfrozen_base([np for _, mod in self.par.stages for np in mod.named_parameters()])
+            if unfrozen:
+                raise RuntimeError(f"LoRA: {len(unfrozen)} base parameter(s) would train under layout "
+                                   f"{lay.label()} (e.g. {unfrozen[0]}); report this layout")
         self.optimizer: torch.optim.Optimizer | ShardedAdamW
         if cfg.layout.distributed_optimizer and self.par.replica_groups:  # ZeRO-1 over the replicas
             self.optimizer = ShardedAdamW(self.par.replica_groups, lr=cfg.knobs.lr)
         else:  # one replica, or FSDP (which shards the states itself)
-            self.optimizer = torch.optim.AdamW(parameters(self.par), lr=cfg.knobs.lr)
+            # only what trains: a frozen (LoRA base) weight gets no gradient, so it must hold no optimizer state
+            self.optimizer = torch.optim.AdamW(trainable_parameters(self.par), lr=cfg.knobs.lr)
         for _, mod in self.par.stages:  # expert all-to-alls mark themselves as comm events
             for m in mod.modules():
                 if isinstance(m, MoE) and m.ep_group is not None and self.rec.enabled:
@@ -171,7 +181,7 @@ class Trainer:
                 loss_sum += loss.detach()
             if self.n_micro > 1:  # summed over micro-batches → mean
                 with torch.no_grad():
-                    for p in parameters(self.par):
+                    for p in trainable_parameters(self.par):
                         if p.grad is not None:
                             p.grad.div_(self.n_micro)
             local_loss = loss_sum / self.n_micro

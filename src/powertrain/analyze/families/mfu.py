@@ -46,7 +46,8 @@ def _model_flops(ctx: RunContext, config: dict[str, Any], sd: steps.StepData, to
                  fam: WorkFamily) -> None:
     """Model FLOPs per step and TFLOP/s per rank; MFU and HFU where the device's peak is known."""
     m = fam.metrics
-    fpt, fam.flops_source = work.model_flops_per_token(config["model"])
+    task = config.get("task")  # LoRA counts its own step's work (core.flops)
+    fpt, fam.flops_source = work.model_flops_per_token(config["model"], task)
     recompute = (config.get("knobs") or {}).get("recompute", "none")
     m["model_flops_per_step"] = fpt * tokens / sd.n
     ranks = len(sd.ranks) or 1
@@ -62,7 +63,7 @@ def _model_flops(ctx: RunContext, config: dict[str, Any], sd: steps.StepData, to
         probe_cpu_peak or probe or (device or "").lower() != "cpu") else (None, "CPU probe disabled")
     if peak:
         m["mfu"] = m["tflops_per_device"] * 1e12 / peak
-        hpt = work.hardware_flops_per_token(config["model"], recompute)
+        hpt = work.hardware_flops_per_token(config["model"], recompute, task)
         m["hfu"] = m["mfu"] * hpt / fpt
     else:
         fam.why_null["mfu"] = fam.why_null["hfu"] = fam.peak_source or "unknown peak FLOP/s"

@@ -28,7 +28,9 @@ def apply_ep(model: nn.Module, ep_group: dist.ProcessGroup | None, ep_rank: int,
             per = module.experts // ep
             keep = slice(ep_rank * per, (ep_rank + 1) * per)
             for name in ("w1", "w3", "w2"):
-                setattr(module, name, nn.Parameter(getattr(module, name).data[keep].clone()))
+                full = getattr(module, name)
+                # a frozen expert (LoRA trains adapters only) stays frozen in its shard
+                setattr(module, name, nn.Parameter(full.data[keep].clone(), requires_grad=full.requires_grad))
             module.ep_group = ep_group
     return model
 
