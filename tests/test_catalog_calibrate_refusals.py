@@ -103,7 +103,7 @@ def test_peak_precisions_read_in_any_case_and_others_are_refused(tmp_path) -> No
 
 def test_a_cooling_without_a_thermal_entry_is_refused(tmp_path) -> None:
     msg = _refused(tmp_path, {"devices": {"mygpu": {**H100, "cooling": "water"}}})
-    assert "cooling 'water' has no thermal entry (known: air, liquid)" in msg
+    assert "cooling 'water' has no thermal entry (known: air, immersion, liquid)" in msg
     own = {"inlet_c": 18.0, "r_c_per_w": 0.02, "tau_s": 10.0}
     assert _load(tmp_path, {"devices": {"mygpu": {**H100, "cooling": "water", "thermal": own}}})["mygpu"].thermal.inlet_c == 18
 
@@ -222,7 +222,7 @@ def test_power_coefficients_need_measured_power_and_are_fitted_on_it() -> None:
     assert fit.error["fitted"] == ["gemm_eff_16"] and fit.error["fitted_power"] == ["power_compute"]
     assert fit.coefficients.power_compute != BASE.coefficients.power_compute
     assert fit.coefficients.power_wait == BASE.coefficients.power_wait  # named alone: only it moves
-    with pytest.raises(ValueError, match="--params psu_efficiency: it sets node power at the wall"):
+    with pytest.raises(ValueError, match=r"--params psu_efficiency: no longer a coefficient \(power-supply efficiency"):
         fit_calibration(runs, name="x", params=["psu_efficiency"])
 
 

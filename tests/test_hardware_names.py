@@ -82,7 +82,7 @@ def test_tokens_are_read_not_looked_up() -> None:
     assert (q.family, q.memory_gb, q.form) == ("gb200", None, "nvl")
 
 
-@pytest.mark.parametrize("text", ["V100 PCIe", "H200 NVL 80GB", "A40 24GB", "MI250"])
+@pytest.mark.parametrize("text", ["V100 PCIe 16GB", "H200 NVL 80GB", "A40 24GB", "MI250"])
 def test_a_different_product_of_a_known_family_is_refused_with_the_closest(text: str) -> None:
     # another form factor or memory size is another device (power, bandwidth): never silently the SXM part
     with pytest.raises(UnknownDeviceError) as exc:

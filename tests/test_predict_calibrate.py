@@ -244,7 +244,7 @@ def _profile_with(**coefficients: object) -> dict:
     ("moe_imbalance", 0.5, r"moe_imbalance = 0\.5 is outside 1-64: it is the busiest expert's load"),
     ("layer_overhead_s", -1e-5, r"layer_overhead_s = -1e-05 is outside 0-1"),
     ("gemm_eff_16", "fast", r"gemm_eff_16 = 'fast' is not a number"),
-    ("power_window_s", float("nan"), r"power_window_s = nan is not a number"),
+    ("power_limiter_window_s", float("nan"), r"power_limiter_window_s = nan is not a number"),
 ])
 def test_a_profile_coefficient_outside_where_it_means_anything_is_refused_naming_the_range(name, value, says) -> None:
     """A hand-edited profile fails when loaded, in one line naming the coefficient, its range and meaning,
@@ -338,7 +338,7 @@ def test_calibration_uses_the_measured_step_fixed_time_instead_of_the_base_profi
     prof = fit_calibration(runs, name="m", base=base, allow_pinned=True)  # synthetic spans: the fit may pin
     assert prof.coefficients.step_overhead_s == pytest.approx(0.006, abs=1e-6)  # the median, not the mean
     rec = prof.error["measured"]["step_overhead_s"]
-    assert rec["runs"] == 3 and rec["base_value"] == base.coefficients.step_overhead_s
+    assert rec["runs"] == 3 and rec["base_value"] == base.coefficients_for(runs[0].case.engine).step_overhead_s
     assert "step_overhead_s" not in prof.error["fitted"]
     # named in --params, it is fitted (from the base value) and not measured
     named = fit_calibration(runs, name="n", base=base, params=["gemm_eff", "step_overhead_s"], allow_pinned=True)

@@ -87,7 +87,8 @@ def test_power_limit_slows_compute() -> None:
     full = predict(_llama())
     capped = predict(_llama(power_limit_w=350))
     assert capped.metrics["step_time_mean_s"] > full.metrics["step_time_mean_s"]
-    assert capped.metrics["power_peak_w"] <= 350 + 1e-6
+    assert capped.metrics["power_mean_w"] <= 350 + 1e-6
+    assert all(s["limiter_window_w"] <= 350 * 1.002 for s in capped.breakdown["power"]["stages"].values())
     assert capped.breakdown["clock_factor_power_limit"] < 1
 
 
@@ -120,9 +121,10 @@ def test_rates_make_thin_gemms_slower_per_flop_and_scale_with_the_clock() -> Non
 
 def test_layer_compute_splits_over_tp_and_reports_attention() -> None:
     lf = layer_flops_per_token(shape_of(_llama()))
-    t1, attn1 = layer_compute(_llama(tp=1), C, compute_rates(_llama(tp=1), C), lf)
-    t8, attn8 = layer_compute(_llama(tp=8), C, compute_rates(_llama(tp=8), C), lf)
+    t1, attn1, long1 = layer_compute(_llama(tp=1), C, compute_rates(_llama(tp=1), C), lf)
+    t8, attn8, long8 = layer_compute(_llama(tp=8), C, compute_rates(_llama(tp=8), C), lf)
     assert 0 < attn1 < t1 and 0 < attn8 < t8
+    assert 0 < long8 < long1 < t1  # the longest single kernel shrinks with TP too
     assert t1 / 8 < t8 < t1 / 4  # TP divides the work, but thinner GEMMs run slower
 
 
@@ -159,8 +161,6 @@ def test_layer_time_backward_twice_forward_and_full_recompute_adds_a_forward() -
     plain, full = _layer(_llama()), _layer(_llama(recompute="full"))
     assert plain.compute == pytest.approx(3 * plain.compute_f)
     assert full.backward == pytest.approx(plain.backward + plain.forward)
-    lora = _layer(_llama(lora=True))
-    assert lora.compute == pytest.approx(2 * lora.compute_f)  # no weight gradients
 
 
 def test_head_backward_is_forward_plus_one_more_logit_gemm() -> None:
@@ -188,10 +188,9 @@ def test_local_parameters_split_over_tp_and_experts_over_ep() -> None:
     assert p.expert > 0 and p.expert_group == 64 // 8
 
 
-def test_data_parallel_exposes_less_with_overlap_and_nothing_alone_or_with_lora() -> None:
+def test_data_parallel_exposes_less_with_overlap_and_nothing_alone() -> None:
     case = _llama(tp=1, pp=1, dp=64, layers=8, global_batch=64)
     params = local_parameters(case, shape_of(case))
-    assert data_parallel_time(replace(case, lora=True), C, params, 1.0) == (0.0, 0.0)
     dp_off, _ = data_parallel_time(replace(case, overlap_dp=False), C, params, 1.0)
     dp_on, _ = data_parallel_time(case, C, params, 1.0)
     assert dp_off > dp_on >= 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import replace
@@ -20,7 +21,7 @@ from powertrain.predict.slot_thermal import (
     slot_temperature_c,
     throttle_margin_c,
 )
-from powertrain.predict.thermal import slot_temperatures
+from powertrain.predict.thermal import node_heat
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("POWERTRAIN_SHARED", ROOT.parent / "shared"))
@@ -66,11 +67,13 @@ def test_the_fit_reads_implicit_gpu_order_and_keeps_only_steady_training(tmp_pat
     assert run["power_ratio"] == pytest.approx(want, abs=1e-4)
 
 
+def _slot_powers(dev, n: int, device_w: float) -> list[float]:
+    return [device_w * r for r in slot_ratios(dev, n)]
+
+
 def test_every_slot_has_its_own_temperature_and_the_hottest_is_a_rear_slot_with_the_most_power() -> None:
     dev = get_device("h200")
-    slots = slot_temperatures(dev, 8, mean_w=600.0, peak_w=640.0, burst_s=1.0)
-    assert [s.slots for s in slots] == [(i,) for i in range(8)]
-    temps = [s.steady_c for s in slots]
+    temps = [h.steady_c for h in node_heat(dev, 8, _slot_powers(dev, 8, 600.0), run_s=3600.0)]
     assert len({round(t, 6) for t in temps}) == 8  # non-zero spread, slot by slot
     ratios = slot_ratios(dev, 8)
     rear = list(dev.thermal.rear_slots_of_8)
@@ -83,11 +86,24 @@ def test_every_slot_has_its_own_temperature_and_the_hottest_is_a_rear_slot_with_
     assert spread == pytest.approx(want)
 
 
+def test_a_short_run_has_not_reached_steady_temperature() -> None:
+    """First order from idle: after a run much shorter than τ a slot sits near its idle temperature, after many τ at
+    its steady one."""
+    dev = get_device("h100-sxm")
+    short = node_heat(dev, 8, _slot_powers(dev, 8, 600.0), run_s=2.0)
+    long = node_heat(dev, 8, _slot_powers(dev, 8, 600.0), run_s=20 * dev.thermal.tau_s)
+    for a, b in zip(short, long, strict=True):
+        assert a.idle_c < a.end_c < a.steady_c
+        assert b.end_c == pytest.approx(b.steady_c, abs=1e-3)
+        assert a.end_c - a.idle_c == pytest.approx((a.steady_c - a.idle_c) * (1 - math.exp(-2.0 / dev.thermal.tau_s)))
+
+
 def test_placement_api_agrees_with_the_node_model() -> None:
     dev = get_device("h100-sxm")
+    heat = node_heat(dev, 8, _slot_powers(dev, 8, 550.0), run_s=1e6)
     for slot in range(8):
         t = slot_temperature_c(dev, 8, slot, 550.0)
-        assert t == pytest.approx(slot_temperatures(dev, 8, 550.0, 550.0, 0.0)[slot].steady_c)
+        assert t == pytest.approx(heat[slot].steady_c)
         assert throttle_margin_c(dev, 8, slot, 550.0) == pytest.approx(dev.slowdown_c - t)
         limit = slot_power_limit_w(dev, 8, slot)
         assert slot_temperature_c(dev, 8, slot, limit) == pytest.approx(dev.slowdown_c)
@@ -98,22 +114,10 @@ def test_placement_api_agrees_with_the_node_model() -> None:
     assert max(slot_offset_c(dev, 8, s, 550.0) for s in range(8)) > 5.0  # the rear row
 
 
-def test_the_hottest_slot_throttles_first_and_alone() -> None:
-    dev = get_device("h200")
-    limits = {s: slot_power_limit_w(dev, 8, s) for s in range(8)}
-    # a device power between the two hottest slots' limits: exactly one slot throttles
-    lo, hi = sorted(limits.values())[:2]
-    slots = slot_temperatures(dev, 8, mean_w=(lo + hi) / 2, peak_w=(lo + hi) / 2, burst_s=0.0)
-    throttled = [s.slot for s in slots if s.throttled]
-    assert throttled == [min(limits, key=limits.__getitem__)]
-    assert slots[throttled[0]].steady_c == dev.slowdown_c
-    assert slots[throttled[0]].allowed_power_w == pytest.approx(lo)
-
-
 def test_no_fitted_spread_where_the_fit_does_not_apply() -> None:
     gb = get_device("gb200")  # liquid cooled, 4 per tray: no data, no invented spread
     assert slot_ratios(gb, 4) == (1.0,) * 4
-    temps = {round(s.steady_c, 6) for s in slot_temperatures(gb, 4, 900.0, 950.0, 1.0)}
+    temps = {round(h.steady_c, 6) for h in node_heat(gb, 4, [900.0] * 4, run_s=60.0)}
     assert len(temps) == 1
     assert slot_ratios(replace(get_device("h100-sxm"), cooling="liquid"), 8) == (1.0,) * 8
 

@@ -1,7 +1,7 @@
 """hardware: what a device and its node can do, and how fast this host's CPU is.
 
-* :mod:`powertrain.hardware.catalog` — :class:`DeviceSpec` / :class:`NodeSpec` / :class:`ThermalSpec`
-  from data sheets (``catalog.yaml``, user YAML via ``--hardware`` / ``$POWERTRAIN_HARDWARE``),
+* :mod:`powertrain.hardware.catalog` — :class:`DeviceSpec` / :class:`NodeSpec` (with its :class:`HostSpec` and
+  :class:`PsuSpec`) / :class:`ThermalSpec` from data sheets (``catalog.yaml``, user YAML via ``--hardware`` / ``$POWERTRAIN_HARDWARE``),
   :func:`get_device`, and the host CPU as a device (:func:`cpu_device`, :func:`measure_cpu`);
 * :mod:`powertrain.hardware.host_probe` — :class:`HostProbe`: fp32 matmul and copy rates measured
   with the threads a training rank uses (:func:`rank_threads`), kept on disk by :func:`probe_host`.
@@ -12,8 +12,11 @@ from powertrain.hardware.catalog import (
     PRECISIONS,
     TRANSPORTS,
     DeviceSpec,
+    HostSpec,
     NodeSpec,
+    PsuSpec,
     ThermalSpec,
+    cooling_thermal,
     cpu_device,
     get_device,
     is_cpu_name,
@@ -42,8 +45,11 @@ __all__ = [
     "TRANSPORTS",
     "DeviceSpec",
     "HostProbe",
+    "HostSpec",
     "NodeSpec",
+    "PsuSpec",
     "ThermalSpec",
+    "cooling_thermal",
     "cpu_device",
     "get_device",
     "host_cores",

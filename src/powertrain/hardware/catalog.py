@@ -35,11 +35,62 @@ _FALLBACK = {"fp4": ("fp4", "fp8", "bf16", "fp16", "fp32"), "fp8": ("fp8", "bf16
 
 
 @dataclass(frozen=True, slots=True)
+class PsuSpec:
+    """The node's power supplies: ``count`` supplies of ``rated_w`` output each, ``redundant`` of them spare
+    (DGX H100: 6 × 3300 W, 4+2). All of them share the load (the DGX user guides' "balanced distribution of the
+    power load"), so each runs at DC load ÷ (count × rated_w) of its rating."""
+
+    count: int
+    rated_w: float  # output rating of one supply, W
+    redundant: int = 0  # supplies the node can lose and keep running (the 2 of "4+2"); 0: not stated
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """What a node holds besides its GPUs, for its power (:mod:`powertrain.predict.node_power`).
+
+    Counts and ratings come from the node's data sheet or user guide; a value left ``None`` is not
+    described and the node-power model says what it assumes in its place (per-part watts that no data
+    sheet gives: NIC, DIMM, NVSwitch, drive). CPU figures are per socket. ``max_power_w`` is the data
+    sheet's maximum system input, which an air-cooled node's fans are sized to remove at full speed.
+    """
+
+    cpu_sockets: int | None = None
+    cpu_cores: int | None = None  # per socket
+    cpu_tdp_w: float | None = None  # per socket (Intel ARK / AMD data sheet)
+    cpu_idle_w: float | None = None  # per socket
+    memory_gb: float | None = None
+    dimms: int | None = None
+    dimm_w: float | None = None
+    nics: int | None = None  # scale-out NICs; None: the node's nic_count
+    nic_w: float | None = None
+    dpus: int | None = None
+    dpu_w: float | None = None
+    nvswitches: int | None = None  # NVSwitch / NVLink switch chips on the node's baseboard
+    nvswitch_w: float | None = None
+    retimers: int | None = None  # PCIe retimers on the baseboard
+    retimer_w: float | None = None
+    drives: int | None = None
+    drive_w: float | None = None
+    other_w: float | None = None  # BMC, chipset, board and voltage-regulator losses not counted above
+    fans_max_w: float | None = None  # all fans at full speed (air cooling)
+    fan_min_speed: float | None = None  # the lowest fan speed the controller runs, a share of full speed
+    airflow_max_cfm: float | None = None  # the fans' airflow at full speed
+    air_delta_t_c: float | None = None  # the air temperature rise the fan control allows, inlet to exhaust
+    max_power_w: float | None = None  # data sheet maximum system power (input)
+    psu: PsuSpec | None = None
+    source: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSpec:
     """The node a device usually sits in.
 
     ``nvlink_domain`` is how many devices share the fast link (72 for an NVL72 rack; the node
     otherwise). Collectives among devices of one domain use ``intra_node_bw``; others cross NICs.
+    ``host`` describes what else the node holds, for its power at the wall (None: not described, so node
+    power is unknown and a prediction says so).
     """
 
     devices_per_node: int
@@ -56,6 +107,7 @@ class NodeSpec:
     rail_optimized: bool = True
     pod_devices: int = 0  # devices below which the fabric is non-blocking (0: all of it)
     oversubscription: float = 1.0
+    host: HostSpec | None = None
 
     @property
     def inter_node_bw_per_device(self) -> float:
@@ -85,7 +137,9 @@ class DeviceSpec:
     memory_bw: float  # bytes/s
     tdp_w: float  # default power limit
     idle_w: float
-    power_at_peak_w: float  # draw at full clocks on dense GEMMs (≥ tdp_w for power-capped SKUs)
+    # draw of large dense 16-bit GEMMs at the maximum SM clock with no power limit (far above tdp_w on parts that
+    # run GEMMs power-capped); None: not measured for this part, predict/dvfs.py takes its generation's ratio
+    power_at_peak_w: float | None
     slowdown_c: float | None
     node: NodeSpec
     thermal: ThermalSpec
@@ -130,7 +184,14 @@ _DEVICE_KEYS = _DOC_KEYS | {"aliases", "vendor", "peak_tflops", "memory_gb", "me
                             "transport", "measured", "max_sm_clock_mhz"}
 _NODE_KEYS = _DOC_KEYS | {"devices_per_node", "intra_node_bw_gb_s", "intra_node_latency_us", "nic_count",
                           "nic_gbit_s", "inter_node_latency_us", "nvlink_domain", "nvls", "rail_optimized",
-                          "pod_devices", "oversubscription"}
+                          "pod_devices", "oversubscription", "host"}
+# a node's host description (HostSpec): counts are whole numbers, the rest non-negative numbers
+_HOST_COUNTS = frozenset({"cpu_sockets", "cpu_cores", "dimms", "nics", "dpus", "nvswitches", "retimers", "drives"})
+_HOST_NUMBERS = frozenset({"cpu_tdp_w", "cpu_idle_w", "memory_gb", "dimm_w", "nic_w", "dpu_w", "nvswitch_w",
+                           "retimer_w", "drive_w", "other_w", "fans_max_w", "fan_min_speed", "airflow_max_cfm",
+                           "air_delta_t_c", "max_power_w"})
+_HOST_KEYS = _DOC_KEYS | _HOST_COUNTS | _HOST_NUMBERS | {"psu"}
+_PSU_KEYS = _DOC_KEYS | {"count", "rated_w", "redundant"}
 _THERMAL_KEYS = _DOC_KEYS | {"inlet_c", "r_c_per_w", "tau_s", "rear_preheat_c_per_kw", "rear_slots_of_8"}
 # keys people write for what the catalog names otherwise, too far in spelling for difflib to find
 _MEANS = {k: "tdp_w, the default power limit" for k in ("power_limit_w", "power_limit", "tdp")}
@@ -198,9 +259,52 @@ def _node(raw: dict[str, Any], where: str) -> NodeSpec:
             rail_optimized=bool(raw.get("rail_optimized", True)),
             pod_devices=int(raw.get("pod_devices", 0)),
             oversubscription=float(raw.get("oversubscription", 1.0)),
+            host=_host(raw["host"], f"{where} host") if raw.get("host") is not None else None,
         )
     except KeyError as exc:
         raise ValueError(f"{where}: node entry lacks {exc.args[0]!r} (see hardware/catalog.yaml for the keys)") from None
+
+
+def _host_value(raw: dict[str, Any], key: str, where: str) -> Any:
+    """One host value: a whole number ≥ 0 for a count, a finite number ≥ 0 otherwise; None where absent."""
+    v = raw.get(key)
+    if v is None:
+        return None
+    count = key in _HOST_COUNTS or key in ("count", "redundant")
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v >= 0
+    if not ok or (count and v != int(v)):
+        what = "a whole number ≥ 0" if count else "a number ≥ 0"
+        raise ValueError(f"{where}: {key} = {v!r} is not {what}")
+    return int(v) if count else float(v)
+
+
+def _host(raw: Any, where: str) -> HostSpec:
+    """A node's ``host:`` block (see the catalog header); unknown keys refused, values checked."""
+    _check_keys(raw, _HOST_KEYS, where)
+    vals = {k: _host_value(raw, k, where) for k in _HOST_COUNTS | _HOST_NUMBERS}
+    # the two largest host terms cannot be guessed: a host block states them (0 where the part is not there)
+    lacks = [k for k in ("cpu_sockets",) if vals[k] is None] + (
+        ["cpu_tdp_w"] if vals["cpu_sockets"] and vals["cpu_tdp_w"] is None else []) + (
+        ["dimms or memory_gb"] if vals["dimms"] is None and vals["memory_gb"] is None else [])
+    if lacks:
+        raise ValueError(f"{where} lacks {', '.join(lacks)} (see the host keys in the header of hardware/catalog.yaml)")
+    if vals["fan_min_speed"] is not None and vals["fan_min_speed"] > 1:
+        raise ValueError(f"{where}: fan_min_speed = {vals['fan_min_speed']:g} is a share of full speed; give 0-1")
+    if vals["cpu_idle_w"] is not None and vals["cpu_tdp_w"] is not None and vals["cpu_idle_w"] > vals["cpu_tdp_w"]:
+        raise ValueError(f"{where}: cpu_idle_w {vals['cpu_idle_w']:g} is above cpu_tdp_w {vals['cpu_tdp_w']:g}")
+    psu = None
+    if raw.get("psu") is not None:
+        p, at = raw["psu"], f"{where} psu"
+        _check_keys(p, _PSU_KEYS, at)
+        count, rated = _host_value(p, "count", at), _host_value(p, "rated_w", at)
+        if not count or not rated:
+            raise ValueError(f"{at}: give count (supplies, ≥ 1) and rated_w (W output each), e.g. "
+                             "{count: 6, rated_w: 3300, redundant: 2}")
+        redundant = _host_value(p, "redundant", at) or 0
+        if redundant >= count:
+            raise ValueError(f"{at}: redundant {redundant} of {count} supplies leaves none to carry the load")
+        psu = PsuSpec(count=count, rated_w=rated, redundant=redundant)
+    return HostSpec(**vals, psu=psu, source=str(raw.get("source", "")), note=str(raw.get("note", "")))
 
 
 def _thermal(raw: dict[str, Any], where: str) -> ThermalSpec:
@@ -238,7 +342,7 @@ def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], whe
         memory_bw=float(raw["memory_bw_gb_s"]) * 1e9,
         tdp_w=float(raw["tdp_w"]),
         idle_w=float(raw.get("idle_w", 0.1 * float(raw["tdp_w"]))),
-        power_at_peak_w=float(raw.get("power_at_peak_w", raw["tdp_w"])),
+        power_at_peak_w=_positive(raw.get("power_at_peak_w"), f"{at}: power_at_peak_w"),
         slowdown_c=float(raw["slowdown_c"]) if raw.get("slowdown_c") is not None else None,
         node=_node(raw["node"], f"{at} node"),
         thermal=_thermal(th, f"{at} thermal") if th else thermal[cooling],
@@ -255,7 +359,7 @@ def _positive(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{where} must be a positive number (MHz), not {value!r}")
+        raise ValueError(f"{where} must be a positive number, not {value!r}")
     return float(value)
 
 
@@ -285,18 +389,43 @@ def _read(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_catalog(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[str, DeviceSpec]:
-    """All devices: the shipped catalog, then $POWERTRAIN_HARDWARE files, then ``extra`` (later wins)."""
+def _catalog_files(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
     paths: list[Path] = [CATALOG_FILE]
     env = os.environ.get("POWERTRAIN_HARDWARE", "")
     paths += [Path(p) for p in env.split(":") if p]
     paths += [Path(p) for p in extra]
-    raws = [(path, _read(path)) for path in paths]
+    return [(path, _read(path)) for path in paths]
+
+
+def _thermal_table(raws: list[tuple[Path, dict[str, Any]]]) -> dict[str, ThermalSpec]:
     # every file's cooling entries first (later wins), so a user's `thermal: air:` reaches the shipped
     # air-cooled devices too, not only devices defined after it
     thermal: dict[str, ThermalSpec] = {}
     for path, raw in raws:
         thermal.update({k: _thermal(v, f"{path}: thermal {k!r}") for k, v in raw.get("thermal", {}).items()})
+    return thermal
+
+
+def cooling_thermal(cooling: str) -> ThermalSpec:
+    """The thermal entry of a cooling kind (``air``, ``liquid``, ``immersion``: the catalog's ``thermal:`` table,
+    $POWERTRAIN_HARDWARE files included); a kind no file describes is refused naming the known ones."""
+    table = _cooling_table(os.environ.get("POWERTRAIN_HARDWARE", ""))
+    if cooling not in table:
+        raise ValueError(f"cooling {cooling!r} has no thermal entry (known: {', '.join(sorted(table))}); add one "
+                         "under `thermal:` in a --hardware file")
+    return table[cooling]
+
+
+@cache
+def _cooling_table(env: str) -> dict[str, ThermalSpec]:
+    del env  # the cache key: the files $POWERTRAIN_HARDWARE names
+    return _thermal_table(_catalog_files())
+
+
+def load_catalog(extra: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[str, DeviceSpec]:
+    """All devices: the shipped catalog, then $POWERTRAIN_HARDWARE files, then ``extra`` (later wins)."""
+    raws = _catalog_files(extra)
+    thermal = _thermal_table(raws)
     out: dict[str, DeviceSpec] = {}
     for path, raw in raws:
         for name, dev in raw.get("devices", {}).items():

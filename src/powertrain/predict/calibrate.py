@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 
 from powertrain.hardware import HostProbe, is_cpu_name, probe_host, rank_threads
-from powertrain.predict.calibration import COEFFICIENT_NAMES, VALID_RANGES, Calibration, load_calibration
+from powertrain.predict.calibration import (
+    COEFFICIENT_NAMES,
+    RETIRED_COEFFICIENTS,
+    VALID_RANGES,
+    Calibration,
+    load_calibration,
+)
 from powertrain.predict.case import Case, case_from_run_config
 from powertrain.predict.core import predict
 
@@ -133,8 +139,6 @@ def _why_unseen(name: str, runs: Sequence[MeasuredRun], cal: Calibration) -> tup
         return "no run here is fp32 or tf32", "drop it"
     if name == "gemm_lowp_scale" and not any(c.precision in ("fp8", "fp4") for c in cases):
         return "no run here is fp8 or fp4", "drop it"
-    if name in ("host_w_per_node", "psu_efficiency"):
-        return "it sets node power at the wall, which no measured run here carries", "drop it"
     if name in ("mem_overhead_bytes", "mem_fragmentation"):
         return "it sets predicted memory, not step time", "drop it"
     if name == "comm_eff_inter" and all(c.nodes <= 1 for c in cases):
@@ -328,6 +332,15 @@ def interval_half_width(log_residuals: Sequence[float], level: float = 0.8) -> f
     return float(np.quantile(np.abs(np.asarray(log_residuals, dtype=float)), level))
 
 
+def _for_engine(base: Calibration, engine: str) -> Calibration:
+    """``base`` as a starting point for runs of ``engine``: a fit describes the runs' own stack, so it starts from the
+    base's coefficients as that engine takes them (its own fixed time per step where the base was fitted on another
+    stack, :meth:`Calibration.coefficients_for`)."""
+    if base.engine == engine:
+        return base
+    return replace(base, engine=engine, coefficients=base.coefficients_for(engine))
+
+
 def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | str | None = None,
                     params: Sequence[str] | None = None, *, allow_pinned: bool = False) -> Calibration:
     """Fit ``params`` to ``runs``; returns the new calibration with its fit error (``error.step_time_mape``
@@ -347,7 +360,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     (:func:`_measured_fixed_time`, ``error.measured``), unless ``params`` names it."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
-    base_cal = base if isinstance(base, Calibration) else load_calibration(base)
+    base_cal = _for_engine(base if isinstance(base, Calibration) else load_calibration(base), runs[0].case.engine)
     cal, measured = _measured_fixed_time(runs, base_cal, params)
     multi = any(r.case.world > 1 for r in runs)
     cpu = all(r.case.device.transport == "gloo" for r in runs)
@@ -356,6 +369,10 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     given = list(params) if params else list(STEP_PARAMS_1 if not multi else STEP_PARAMS_CPU if cpu else STEP_PARAMS_MULTI)
     gemm = _gemm_key(runs[0], cal) if "gemm_eff" in given else ""
     chosen = [gemm if p == "gemm_eff" else p for p in given]
+    retired = [p for p in chosen if p in RETIRED_COEFFICIENTS]
+    if retired:
+        raise ValueError("; ".join(f"--params {p}: no longer a coefficient ({RETIRED_COEFFICIENTS[p]}); drop it"
+                                   for p in retired))
     unknown = [p for p in chosen if p not in COEFFICIENT_NAMES]
     if unknown:
         raise ValueError(f"unknown coefficients {unknown}; known: {', '.join(COEFFICIENT_NAMES)}")
@@ -403,7 +420,7 @@ def fit_calibration(runs: Sequence[MeasuredRun], name: str, base: Calibration | 
     if not_fitted:
         error["not_fitted"] = not_fitted
     return replace(fitted, name=name, error=error, fitted_on=[r.label for r in runs],
-                   device=runs[0].case.device.name, host_probes=fitted_probes(runs))
+                   device=runs[0].case.device.name, host_probes=fitted_probes(runs), engine=runs[0].case.engine)
 
 
 def _per_layer_time_unseen(runs: Sequence[MeasuredRun]) -> str:

@@ -17,6 +17,7 @@ of probing the host again (which on a shared machine reads differently on every 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -79,20 +80,22 @@ class Coefficients:
     tp_overlap_exposed: float = 0.35
     # Expert-load imbalance (slowest expert rank ÷ mean) when the run does not force balance.
     moe_imbalance: float = 1.15
-    # Power: share of (power_at_peak - idle) drawn in each phase.
-    power_compute: float = 0.92
-    power_memory: float = 0.60
-    power_wait: float = 0.18
-    # Exponent of dynamic power versus clock (V scales with f near the top of the curve).
-    power_clock_exponent: float = 2.6
-    # Averaging time of the power a sensor reports (bursts shorter than this are smoothed).
-    power_window_s: float = 0.1
-    # Host (CPU, memory, NICs, fans) power per node, W, for node-level energy (DC side, like the devices').
-    host_w_per_node: float = 1500.0
-    # Wall (AC) power ÷ that DC load is 1/psu_efficiency: the node's power supplies' conversion loss. 80 PLUS
-    # Titanium (230 V internal redundant) requires 96 % at 50 % load, 94 % at 20 %, 91 % at 100 %; redundant
-    # HGX supplies share the load and run near the middle of that curve.
-    psu_efficiency: float = 0.96
+    # Power (predict/dvfs.py), what each kind of phase draws above idle at the maximum clock: compute as a share
+    # of large dense GEMMs' dynamic power (P_peak − idle), memory-bound work and waiting as shares of the part's
+    # power range (TDP − idle).
+    power_compute: float = 0.76
+    power_memory: float = 0.47
+    power_wait: float = 0.10
+    # The voltage–frequency curve: voltage floor (÷ the voltage at the maximum clock) and the clock ratio
+    # below which the voltage sits at it; fitted on the Perseus A100 stage profiles (predict/dvfs.py).
+    vf_floor: float = 0.83
+    vf_knee: float = 0.78
+    # Below this clock ratio memory-bound kernels slow with the clock too (too few loads issued to keep HBM busy).
+    memory_clock_floor: float = 0.5
+    # The power limiter (predict/governor.py): the window over which it holds power at the limit, and how long
+    # the clock takes to come back after the limit stops binding (the throttle reason stays set meanwhile).
+    power_limiter_window_s: float = 0.05
+    power_limiter_release_s: float = 1.0
     # Framework memory overhead per device: context, communicator buffers, allocator slack.
     mem_overhead_bytes: float = 2.5e9
     mem_fragmentation: float = 1.03
@@ -114,6 +117,10 @@ class Calibration:
     # CPU calibrations: the host probes the fit used, one record per rank thread count (HostProbe.to_dict()
     # plus ``runs``, how many fitted runs it is the median of, and ``how``, where they came from)
     host_probes: list[dict[str, Any]] = field(default_factory=list)
+    # the training stack its runs ran (predict/engines.py): "megatron" for the published runs the shipped
+    # profile is fitted on, "builtin" for powertrain's own runs. The engine-bound coefficient (the step's fixed
+    # time) describes that stack only; another engine's prediction takes its own (coefficients_for)
+    engine: str = "megatron"
 
     def host_probe(self, threads: int) -> HostProbe | None:
         """The stored host probe for ranks running ``threads`` threads, or None."""
@@ -122,15 +129,34 @@ class Calibration:
                 return HostProbe.from_dict(rec, f"calibration profile {self.name!r}: {rec.get('how', 'stored probe')}")
         return None
 
+    def coefficients_for(self, engine: str) -> Coefficients:
+        """The coefficients for a case run on ``engine``: this profile's, with the step's fixed time of that
+        engine where the profile was fitted on another (:data:`ENGINE_FIXED_STEP_S`; published frameworks' 59 ms
+        of host work per step is not what powertrain's own trainer spends)."""
+        if engine == self.engine or engine not in ENGINE_FIXED_STEP_S:
+            return self.coefficients
+        return _for_engine(self.coefficients, engine)
+
     def with_coefficients(self, **updates: float) -> Calibration:
         return replace(self, coefficients=replace(self.coefficients, **updates))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "device": self.device, "coefficients": asdict(self.coefficients),
+        return {"name": self.name, "device": self.device, "engine": self.engine, "coefficients": asdict(self.coefficients),
                 "error": self.error, "fitted_on": self.fitted_on, "host_probes": self.host_probes}
 
 
+@functools.lru_cache(maxsize=64)
+def _for_engine(coefficients: Coefficients, engine: str) -> Coefficients:
+    # cached: a sweep predicts thousands of cases of one engine with one profile
+    return replace(coefficients, step_overhead_s=ENGINE_FIXED_STEP_S[engine])
+
+
 COEFFICIENT_NAMES = tuple(f.name for f in fields(Coefficients))
+# The step's fixed time (host work outside forward, backward and the optimizer: data, loss sync, logging) of an
+# engine whose runs a profile was not fitted on. powertrain's trainer: its events measure ~5 ms per step on a
+# 2-core CPU host (docs/model.md §9, the CPU check), mostly Python around a synchronising loss read; on a GPU
+# node's faster host the same work is taken as 2 ms (an estimate, not fitted).
+ENGINE_FIXED_STEP_S = {"builtin": 2e-3}
 
 # Where each coefficient means something: outside, a formula divides by zero, a share exceeds the whole or
 # a time runs backwards. These are validity limits, not priors: the fits (predict/calibrate.py, the
@@ -153,19 +179,26 @@ VALID_RANGES: dict[str, tuple[float, float, str]] = {
     "overlap_eff": (0.0, 1.0, "the share of a compute window communication hides behind"),
     "tp_overlap_exposed": (0.0, 1.0, "the exposed share of overlapped TP communication"),
     "moe_imbalance": (1.0, 64.0, "the busiest expert's load ÷ the mean"),
-    "power_compute": (0.0, 1.2, "a share of (power at peak − idle)"),
-    "power_memory": (0.0, 1.2, "a share of (power at peak − idle)"),
-    "power_wait": (0.0, 1.0, "a share of (power at peak − idle)"),
-    "power_clock_exponent": (0.5, 5.0, "the exponent of dynamic power versus clock (physics: 2-3)"),
-    "power_window_s": (1e-3, 60.0, "the sensor's averaging time, seconds"),
-    "host_w_per_node": (0.0, 50_000.0, "watts per node"),
-    "psu_efficiency": (0.5, 1.0, "the power supplies' output ÷ input (0.96 for 80 PLUS Titanium at half load)"),
+    "power_compute": (0.0, 1.2, "a share of large dense GEMMs' full-clock power above idle"),
+    "power_memory": (0.0, 2.0, "a share of the part's power range (TDP − idle)"),
+    "power_wait": (0.0, 1.0, "a share of the part's power range (TDP − idle)"),
+    "vf_floor": (0.3, 1.0, "the supply voltage's floor ÷ its value at the maximum clock"),
+    "vf_knee": (0.05, 0.99, "the clock ratio below which the voltage sits at its floor"),
+    "memory_clock_floor": (0.0, 1.0, "the clock ratio below which memory-bound work slows with the clock"),
+    "power_limiter_window_s": (1e-3, 10.0, "the window over which the power limiter holds the limit, seconds"),
+    "power_limiter_release_s": (0.0, 60.0, "seconds the clock takes to recover once the limit stops binding"),
     "mem_overhead_bytes": (0.0, 1e13, "bytes per device"),
     "mem_fragmentation": (1.0, 4.0, "allocated ÷ requested memory"),
 }
 # Coefficients earlier releases wrote into profiles that no longer change any prediction: named, not ignored.
 RETIRED_COEFFICIENTS = {
     "moe_dispatch_passes": "routing traffic is now counted from the model's shape (predict/moe.py)",
+    "power_clock_exponent": "dynamic power follows the voltage–frequency curve (vf_floor, vf_knee; predict/dvfs.py)",
+    "power_window_s": "each power field's own averaging window comes from the sensor table (predict/sensors.py)",
+    "host_w_per_node": "node power is now built term by term from the catalog's node description "
+                       "(predict/node_power.py; describe a node's host under `node: host:` in a --hardware file)",
+    "psu_efficiency": "power-supply efficiency now follows the 80 PLUS Titanium curve at the supplies' load "
+                      "share (predict/node_power.py; the supplies are `node: host: psu:` in a --hardware file)",
 }
 
 
@@ -198,7 +231,13 @@ def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibr
     probes = [dict(r) for r in raw.get("host_probes", []) or []]
     for r in probes:
         HostProbe.from_dict(r, f"{where}: host_probes")  # refuse an incomplete record now, not mid-prediction
+    engine = raw.get("engine")
+    if engine is None:  # profiles written before engines were named: powertrain's own CPU runs, else published ones
+        engine = "builtin" if probes or str(raw.get("device") or "").lower().startswith("cpu") else "megatron"
+    if engine not in ("megatron", "builtin"):
+        raise ValueError(f"{where}: engine {engine!r} is not one of megatron, builtin")
     return Calibration(
+        engine=str(engine),
         name=str(raw.get("name", "custom")),
         coefficients=Coefficients(**checked),
         error=dict(raw.get("error", {}) or {}),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from powertrain.core.lora import check_targets
 from powertrain.hardware import (
     DeviceSpec,
     HostProbe,
@@ -30,6 +31,7 @@ from powertrain.hardware import (
 GATED_FAMILIES = ("llama", "mixtral")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+ENGINES = ("megatron", "builtin")  # predict/engines.py
 # low-precision recipes predict/precision.py knows, per precision
 RECIPES = {"fp8": ("delayed", "current", "blockwise", "mxfp8"), "fp4": ("nvfp4",)}
 # PyTorch DDP's bucket_cap_mb counts MiB of gradients; powertrain's trainer keeps fp32 parameters (autocast)
@@ -105,13 +107,20 @@ class Case:
     power_limit_w: float | None = None
     sm_clock_mhz: float | None = None  # the SM clock lock's upper bound (the clock under load); None: unlocked
     measured_steps: int = 1  # steps of the measured window (for window totals such as energy_j)
+    warmup_steps: int = 0  # steps before it (the devices heat up from idle over the whole run)
     min_measured_s: float = 0.0  # the trainer extends the measured window to at least this long
-    lora: bool = False  # frozen base weights (LoRA fine-tuning): no weight gradients or optimizer states
+    # LoRA fine-tuning (predict/lora.py): adapters of this rank on these targets (core.lora.TARGETS) beside
+    # frozen base weights; rank 0: every weight trains (pre-training, full fine-tuning)
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
     moe_imbalance: float | None = None  # None: the calibration's default
     # attention kernel: "fused" (Transformer Engine's cuDNN fused attention, FlashAttention-3 class on
     # Hopper and later) or "flash2" (FlashAttention-2, what PyTorch-native stacks run: SDPA's flash
     # backend, the flash-attn package); see precision.attention_kernel_ratio
     attention_kernel: str = "fused"
+    # the training stack (predict/engines.py): "megatron" (Megatron-Core/NeMo fused kernels: what published runs
+    # and the shipped calibration describe) or "builtin" (powertrain's own eager PyTorch trainer: every RunConfig)
+    engine: str = "megatron"
     # hardware
     device: DeviceSpec = field(default_factory=lambda: get_device("h100-sxm"))
     devices_per_node: int = 1
@@ -127,10 +136,17 @@ class Case:
             raise ValueError(f"pp_schedule {self.pp_schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         if self.recipe and self.recipe not in RECIPES.get(self.precision, ()):
             known = ", ".join(f"{p}: {'/'.join(r)}" for p, r in RECIPES.items())
             raise ValueError(f"recipe {self.recipe!r} does not apply to precision {self.precision}; recipes by "
                              f"precision: {known} (or none: the generation's usual one)")
+        if self.lora_rank < 0 or bool(self.lora_rank) != bool(self.lora_targets):
+            raise ValueError(f"lora_rank {self.lora_rank} with lora_targets {list(self.lora_targets)}: give a rank ≥ 1 "
+                             "and its targets for LoRA, or rank 0 and no targets for full training")
+        if self.lora_targets:
+            check_targets(self.lora_targets)
         self.world = self.tp * self.pp * self.dp * self.cp
         self.is_moe = self.experts > 1
         self._domain = max(self.devices_per_node, min(self.device.node.nvlink_domain, self.world))
@@ -147,6 +163,11 @@ class Case:
         """Nodes the ranks occupy (a partly used node counts whole: its host draws all the same). Derived, so
         it cannot disagree with the layout the way a separately given count could."""
         return max(1, -(-self.world // max(1, self.devices_per_node)))
+
+    @property
+    def lora(self) -> bool:
+        """LoRA fine-tuning: frozen base weights (no weight gradients, no optimizer states), trained adapters."""
+        return self.lora_rank > 0
 
     @property
     def expert_ffn(self) -> int:
@@ -230,6 +251,7 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
             lay.resolve(hw.world)  # raises with the fix
         dp = hw.world // rest
     ov = k.overlap
+    lora = cfg.task.lora()
     if device is not None:
         dev = device
     elif is_cpu_name(hw.device):
@@ -237,6 +259,13 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         dev = cpu_device(host_probe or cpu_probe_for(hw.devices_per_node, calibration), hw.devices_per_node)
     else:
         dev = get_device(hw.device)
+        cooling = getattr(hw, "cooling", None)
+        if cooling is not None and cooling != dev.cooling:  # the spec's nodes are cooled otherwise than the catalog's
+            from dataclasses import replace
+
+            from powertrain.hardware import cooling_thermal
+
+            dev = replace(dev, cooling=cooling, thermal=cooling_thermal(cooling))
     return Case(
         layers=m.layers, hidden=m.hidden, ffn=m.dense_ffn or m.ffn, heads=m.heads, kv_heads=m.kv_heads, vocab=m.vocab,
         seq_len=m.seq_len, experts=m.experts, top_k=m.top_k, moe_ffn=m.ffn if m.experts > 1 else 0,
@@ -255,5 +284,8 @@ def case_from_run_config(cfg: object, device: DeviceSpec | None = None, *,
         dp_bucket_params=ov.ddp_bucket_mb * 2**20 / _DDP_GRAD_BYTES, power_limit_w=k.power_limit_w,
         sm_clock_mhz=float(k.sm_clock_mhz[1]) if k.sm_clock_mhz else None,
         measured_steps=cfg.protocol.measured_steps, min_measured_s=cfg.protocol.min_measured_s,
-        device=dev, devices_per_node=hw.devices_per_node,
+        lora_rank=lora.rank if lora else 0, lora_targets=lora.targets if lora else (),
+        warmup_steps=cfg.protocol.warmup_steps, device=dev, devices_per_node=hw.devices_per_node,
+        # what powertrain's trainer runs: its own kernels, and PyTorch's SDPA (FlashAttention-2 class) for attention
+        engine="builtin", attention_kernel="flash2",
     )

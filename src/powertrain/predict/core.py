@@ -7,23 +7,30 @@ metric names of a measured run's ``summary.json``, so reports and ``compare`` re
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from powertrain.core.flops import Shape, model_flops_per_step, recompute_flops_per_token, shape_of
-from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
+from powertrain.core.flops import model_flops_per_step, recompute_flops_per_token, shape_of
+from powertrain.predict.calibration import Calibration, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
+from powertrain.predict.links import LinkTraffic, link_traffic
 from powertrain.predict.memory import memory_per_device
-from powertrain.predict.power import DevicePower, clock_exponent, clock_factor, node_power_w, step_power
-from powertrain.predict.steptime import StepTime, step_time
-from powertrain.predict.thermal import SlotThermal, slot_temperatures
+from powertrain.predict.node_power import NodePower, nodes_power
+from powertrain.predict.physics import Physics, device_physics
+from powertrain.predict.steptime import at_clocks, local_parameters, step_time
 
 METRIC_NAMES = (
     "step_time_mean_s", "tokens_per_s", "samples_per_s", "tokens_per_s_per_device", "tflops_per_device",
     "model_flops_per_step", "mfu", "hfu", "power_mean_w", "power_peak_w", "power_swing_w",
     "energy_per_step_j", "energy_j", "j_per_token", "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c",
-    "temp_peak_c", "hottest_slot", "throttle_share", "mem_per_device_bytes",
+    "temp_peak_c", "hottest_slot", "throttle_share", "throttle_share_power_cap", "throttle_share_thermal_sw",
+    "clock_sm_mean_mhz", "clock_sm_drop_pct", "link_bytes_per_step", "pcie_bytes_per_step", "link_bw_share",
+    "mem_per_device_bytes",
 )
+# metrics the power, clock and heat model gives (null, with the reason, for a device it has no model of)
+POWER_METRICS = ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "energy_j", "j_per_token",
+                 "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c", "temp_peak_c", "hottest_slot",
+                 "throttle_share", "throttle_share_power_cap", "throttle_share_thermal_sw", "clock_sm_mean_mhz",
+                 "clock_sm_drop_pct")
 
 
 class Prediction:
@@ -45,6 +52,15 @@ class Prediction:
         self.model_error = model_error or {}
         self._raw = raw
         self._breakdown = breakdown
+
+    @property
+    def physics(self) -> Physics | None:
+        """The power model's state (stage timelines, clocks, slots, sensors), where the device has one."""
+        return self._raw[4] if self._raw else None
+
+    @property
+    def device(self) -> Any:
+        return self._raw[0].device if self._raw else None
 
     @property
     def breakdown(self) -> dict[str, Any]:
@@ -71,24 +87,50 @@ class Prediction:
                           "included (estimate; energy = mean device power × devices × step time, per step)"}
 
 
-def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, clock: float, thermal_clock: float,
-               node_energy: float | None, slots: list[Any] | None) -> dict[str, Any]:
+def _breakdown(case: Case, st: Any, mem_bd: dict[str, float], fits: bool, phys: Physics | None,
+               node: NodePower | None, links: LinkTraffic | None) -> dict[str, Any]:
+    top = case.device.max_sm_clock_mhz
+    power = None if phys is None else {
+        "limit_w": min(case.device.tdp_w, case.power_limit_w) if case.power_limit_w else case.device.tdp_w,
+        "stages": {k: {"clock": sp.clock, "clock_mhz": sp.clock * top if top else None,
+                       "clock_cap": sp.cap_clock, "power_limited": sp.power_limited,
+                       "throttle_share_power_cap": sp.throttle_power, "mean_w": sp.timeline.mean_w,
+                       "limiter_window_w": sp.limiter_window.power_w, "limiter_window_at": sp.limiter_window.level,
+                       "compute_draw_w": sp.timeline.compute_w, "wait_draw_w": sp.timeline.wait_w,
+                       "ranks_per_pipeline": sp.stage.ranks}
+                   for k, sp in phys.stages.items()},
+        "slowest_stage": phys.composed.slowest,
+        "thermal_caps": phys.thermal_caps,
+        # the peak each field would show a sampler over the measured window (predict/sensors.py), labelled
+        "peaks": {role: pk.to_dict() for role, pk in phys.peaks.items()},
+        "measured_window_s": phys.measured_window_s, "run_s": phys.run_s,
+    }
     return {
         "step_time": st.breakdown,
         "memory": mem_bd,
         "fits_in_memory": fits,
-        "clock_factor_power_limit": clock,
-        "clock_factor_thermal": thermal_clock,
-        "node_energy_per_step_j": node_energy,
-        "slots": None if slots is None else sorted((
-            {"slot": f"gpu{i}", "inlet_c": s.inlet_c, "steady_c": s.steady_c, "peak_c": s.peak_c,
-             "throttled": s.throttled, "time_to_steady_s": s.time_to_steady_s} for s in slots for i in s.slots),
-            key=lambda d: int(d["slot"][3:])),
+        # the lowest clock ratio the power limit (or a lock) leaves any stage, and heat
+        "clock_factor_power_limit": None if phys is None else min(sp.clock for sp in phys.stages.values()),
+        "clock_factor_thermal": None if phys is None else min(phys.thermal_caps.values(), default=1.0),
+        "power": power,
+        # bytes per device per step over NVLink and the NICs, and their bandwidth shares (predict/links.py)
+        "links": None if links is None else links.to_dict(),
+        # wall energy of the job's nodes per step (power.node_power_w's formula), and one node's terms
+        "node_energy_per_step_j": None if node is None or node.ac_w is None else node.ac_w * case.nodes * st.total_s,
+        "node_power": None if node is None else node.to_dict(),
+        "slots": None if phys is None else [
+            {"slot": f"gpu{s.slot}", "nodes": s.nodes, "first_node": s.first_node, "stage": s.stage,
+             "power_w": s.power_w, "clock": s.clock, "clock_mhz": s.clock * top if top else None,
+             "inlet_c": s.heat.inlet_c, "steady_c": s.heat.steady_c, "end_c": s.heat.end_c,
+             "peak_c": max(s.heat.steady_c if phys.run_s <= 0 else s.heat.end_c, s.heat.idle_c),
+             "throttled": s.thermal_throttled, "throttle_share_power_cap": s.throttle_power,
+             "time_to_steady_s": s.heat.time_to_steady_s} for s in phys.slots],
         "layout": {"tp": case.tp, "pp": case.pp, "dp": case.dp, "cp": case.cp, "ep": case.ep, "etp": case.etp,
                    "vp": case.vp,
                    "micro_batches": case.micro_batches},
         "device": case.device.name,
         "device_source": case.device.source,
+        "engine": case.engine,
         # a CPU's peak comes from a host probe: which one (a calibration's, a run's, or a fresh one)
         "host_probe": None if case.device.probe is None else
         {**case.device.probe.to_dict(), "source": case.device.probe.source},
@@ -128,39 +170,66 @@ def sm_clock_ratio(case: Case) -> float:
     return min(1.0, case.sm_clock_mhz / top)
 
 
+def _power_metrics(case: Case, phys: Physics, t: float, metrics: dict[str, Any], why: dict[str, str]) -> NodePower:
+    """Fill the power, energy, heat, clock and throttle metrics from the device physics; the job's node power."""
+    dev, world = case.device, case.world
+    tokens = case.global_batch * case.seq_len
+    mean_w = phys.mean_w
+    energy = mean_w * world * t
+    hottest = phys.hottest
+    top = dev.max_sm_clock_mhz
+    metrics.update(
+        power_mean_w=mean_w, power_peak_w=phys.peaks["instant"].power_w, power_swing_w=phys.swing_w,
+        energy_per_step_j=energy, energy_j=energy * case.window_steps(t),
+        j_per_token=energy / tokens, tokens_per_j=tokens / energy,
+        # the study's metric, over the measured window as the analysis computes it for runs
+        samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.window_steps(t) / 1e6),
+        temp_mean_c=sum(s.heat.end_c * s.nodes for s in phys.slots) / sum(s.nodes for s in phys.slots),
+        temp_peak_c=hottest.heat.end_c, hottest_slot=f"gpu{hottest.slot}",
+        throttle_share=phys.throttle_any, throttle_share_power_cap=phys.throttle_power,
+        throttle_share_thermal_sw=phys.throttle_thermal,
+        clock_sm_mean_mhz=phys.clock_mean * top if top else None,
+        clock_sm_drop_pct=(1 - phys.clock_mean) * 100,
+    )
+    if not top:
+        why["clock_sm_mean_mhz"] = (f"{dev.name}: the catalog holds no maximum SM clock (max_sm_clock_mhz); the "
+                                    "clock ratio is in clock_sm_drop_pct")
+    return nodes_power(energy / t, case.nodes, dev, ranks_per_node=min(case.devices_per_node, world))
+
+
 def predict(cfg: Any, calibration: Calibration | str | None = None) -> Prediction:
     """Predict one configuration (a RunConfig or a Case) with a calibration (by name, path or value).
 
     A CPU RunConfig uses the calibration's host probe for its thread count, else a fresh probe of this
-    host; ``breakdown["host_probe"]["source"]`` says which.
+    host; ``breakdown["host_probe"]["source"]`` says which. The step is costed at the maximum clock, then the
+    power governor, clock lock and heat set each pipeline stage's clock (predict/physics.py) and the step is
+    put together at those clocks.
     """
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    c = cal.coefficients
     case = _as_case(cfg, cal)
+    c = cal.coefficients_for(case.engine)
     dev = case.device
     world = case.world
     sh = shape_of(case)
     mem_total, mem_bd = memory_per_device(case, c, sh)
     fits = mem_total <= dev.memory_bytes
 
-    clock = min(clock_factor(dev, c, case.power_limit_w), sm_clock_ratio(case))
-    st = step_time(case, c, clock, sh)
-    pw = step_power(dev, c, st, clock)
-    dpn = min(case.devices_per_node, world)
-    slots = slot_temperatures(dev, dpn, pw.mean_w, pw.peak_w, st.burst_s)
-    throttled = any(s.throttled for s in slots)
-    powers = [pw]
-    thermal_clock = 1.0
-    if throttled:
-        st, powers, slots, thermal_clock = _thermal_stragglers(case, c, sh, clock, st, pw, slots)
+    lock = sm_clock_ratio(case)
+    full = step_time(case, c, 1.0, sh)
+    phys: Physics | None = None
+    if dev.has_power_sensor:
+        assert full.work is not None
+        window = case.window_steps(full.total_s)
+        phys = device_physics(case, c, full.work, lock, case.warmup_steps + window, window)
+        st = at_clocks(full, phys.step_clocks)
+    else:
+        st = full if lock == 1.0 else at_clocks(full, lock)
 
     t = st.total_s
     tokens = case.global_batch * case.seq_len
     mflops = model_flops_per_step(sh, case.global_batch)
     hflops = mflops + recompute_flops_per_token(sh, case.recompute) * tokens
     peak = dev.peak(case.precision)
-    mean_w = sum(p.mean_w for p in powers) / len(powers) if throttled else pw.mean_w
-    energy = mean_w * world * t
     metrics: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
     why: dict[str, str] = {}
     metrics.update(
@@ -169,57 +238,26 @@ def predict(cfg: Any, calibration: Calibration | str | None = None) -> Predictio
         model_flops_per_step=mflops, mfu=mflops / t / (world * peak), hfu=hflops / t / (world * peak),
         mem_per_device_bytes=mem_total,
     )
-    if not dev.has_power_sensor:
+    links: LinkTraffic | None = None
+    if dev.is_host_cpu:
+        for k in ("link_bytes_per_step", "pcie_bytes_per_step", "link_bw_share"):
+            why[k] = "ranks on one host CPU talk through shared memory: no NVLink or NIC traffic to predict"
+    else:
+        lp = local_parameters(case, sh)
+        links = link_traffic(case, t, lp.dense, lp.expert)
+        metrics.update(link_bytes_per_step=links.nvlink_bytes * world, pcie_bytes_per_step=links.nic_bytes * world,
+                       link_bw_share=links.nvlink_share)
+        if links.nvlink_share is None:
+            why["link_bw_share"] = "one device per node: no NVLink peer"
+    node = None
+    if phys is None:
         reason = f"{dev.name}: no power or temperature sensor to model it from (catalog values are nominal)"
-        for k in ("power_mean_w", "power_peak_w", "power_swing_w", "energy_per_step_j", "energy_j", "j_per_token",
-                  "tokens_per_j", "samples_per_s_per_mj_study", "temp_mean_c", "temp_peak_c",
-                  "hottest_slot", "throttle_share"):
+        for k in POWER_METRICS:
             why[k] = reason
     else:
-        hottest = max(slots, key=lambda s: s.peak_c)
-        metrics.update(
-            power_mean_w=mean_w, power_peak_w=max(p.peak_w for p in powers),
-            power_swing_w=max(p.peak_w for p in powers) - min(p.low_w for p in powers),
-            energy_per_step_j=energy, energy_j=energy * case.window_steps(t),
-            j_per_token=energy / tokens, tokens_per_j=tokens / energy,
-            # the study's metric, over the measured window as the analysis computes it for runs
-            samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.window_steps(t) / 1e6),
-            temp_mean_c=sum(s.steady_c * len(s.slots) for s in slots) / dpn, temp_peak_c=hottest.peak_c,
-            hottest_slot=f"gpu{hottest.slot}",
-            throttle_share=sum(len(s.slots) for s in slots if s.throttled) / dpn,
-        )
-    raw = (case, st, mem_bd, fits, clock, thermal_clock,
-           node_power_w(energy / t, case.nodes, c) * t if dev.has_power_sensor else None,
-           slots if dev.has_power_sensor else None)
+        node = _power_metrics(case, phys, t, metrics, why)
     if not fits:
         why["fits"] = (f"predicted {mem_total / 2**30:.1f} GiB per device > {dev.memory_bytes / 2**30:.1f} GiB: "
                        "the run would not fit; use recompute, more TP/PP, FSDP or a distributed optimizer")
     return Prediction(metrics=metrics, why_null=why, fits=fits, calibration=cal.name, model_error=cal.error,
-                      raw=raw)
-
-
-def _thermal_stragglers(case: Case, c: Coefficients, sh: Shape, clock: float, st: StepTime, pw: DevicePower,
-                        slots: list[SlotThermal]) -> tuple[StepTime, list[DevicePower], list[SlotThermal], float]:
-    """Slots that would pass their slowdown temperature throttle, and the synchronous job runs at their pace.
-
-    Returns the slower step time, each device's power (throttled slots at the lower clock), the slots
-    (throttled ones held at the slowdown temperature) and the thermal clock factor.
-    """
-    dev = case.device
-    dpn = min(case.devices_per_node, case.world)
-    throttled = [s for s in slots if s.throttled]
-    thermal_clock = 1.0
-    # the hottest slot caps its mean power; the whole synchronous job runs at its pace
-    allowed = min(s.allowed_power_w or pw.mean_w for s in throttled)
-    comp_dyn = (pw.compute_w - dev.idle_w) * st.compute_s / st.total_s
-    if comp_dyn > 0:
-        share = max(0.05, 1 - (pw.mean_w - allowed) / comp_dyn)
-        thermal_clock = max(0.3, share ** (1.0 / clock_exponent(c)))
-    st_slow = step_time(case, c, clock * thermal_clock, sh)
-    hot = step_power(dev, c, st_slow, clock * thermal_clock)
-    cool = step_power(dev, c, st, clock, step_s=st_slow.total_s)
-    powers = [hot if s.throttled else cool for s in slots for _ in s.slots]
-    slots = slot_temperatures(dev, dpn, cool.mean_w, cool.peak_w, st_slow.burst_s)
-    slots = [replace(s, throttled=True, steady_c=dev.slowdown_c or s.steady_c,
-                     peak_c=dev.slowdown_c or s.peak_c) if s.throttled else s for s in slots]
-    return st_slow, powers, slots, thermal_clock
+                      raw=(case, st, mem_bd, fits, phys, node, links))

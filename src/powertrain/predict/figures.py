@@ -79,39 +79,111 @@ def plot_cluster_comparison(points: list[Any], out_stem: str | Path, title: str 
     return paths
 
 
-def _physics_row(axes: Any, points: list[Any], clusters: list[str]) -> None:
-    """Peak power vs micro-batch per cluster (two panels), per-slot temperature, per-slot throttle share.
+def plot_step_timeline(prediction: Any, out_stem: str | Path, steps: int = 3, title: str | None = None) -> list[Path]:
+    """One configuration's power, as predicted, over ``steps`` steps of its hungriest stage at ≤ 1 ms, with what a
+    20 Hz sampler of the instantaneous field would record over it (each read the field's last value: the mean of
+    its window at its last update), the 1 s average field, the power limit and the clock. Labelled predicted.
+    Writes ``<out_stem>.png`` and ``.svg``."""
+    import matplotlib
 
-    Peak power: the ``recompute`` variant where a point's label names one (the study's micro-batch sweep
-    ran with full recompute and no overlap), else every point; one line per model and layout. Slots:
-    over the fitting configurations of each cluster, the mean steady temperature of each slot (whisker:
-    min–max) and the share of configurations in which the slot throttles.
-    """
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from powertrain.predict.physics import SAMPLER_HZ
+    from powertrain.predict.sensors import sensors_of
+
+    phys = prediction.physics
+    if phys is None:
+        raise ValueError("no power model for this device (no sensor): nothing to draw")
+    sp = max(phys.stages.values(), key=lambda s: s.timeline.mean_w)
+    tl = sp.timeline
+    dt = min(1e-3, tl.seconds / 2000)
+    t1, w1 = tl.render(dt=dt)
+    n = max(1, steps)
+    t = np.concatenate([t1 + k * tl.seconds for k in range(n)])
+    w = np.tile(w1, n)
+    fields = sensors_of(prediction.device)
+    cum = np.concatenate([[0.0], np.cumsum(w * dt)])
+
+    def field(window: float, update: float, phase: float) -> tuple[np.ndarray, np.ndarray]:
+        """The field's value at each of its updates: the mean over its window ending there."""
+        ups = np.arange(phase + window, t[-1], update)
+        hi = np.clip(np.searchsorted(t, ups), 1, len(t))
+        lo = np.clip(np.searchsorted(t, ups - window), 0, len(t) - 1)
+        return ups, (cum[hi] - cum[lo]) / np.maximum(dt, (hi - lo) * dt)
+
+    inst, avg = fields["instant"], fields["average"]
+    ups, vals = field(inst.window_s, inst.update_s, 0.37 * inst.update_s)
+    reads = np.arange(0.0, t[-1], 1 / SAMPLER_HZ)
+    idx = np.searchsorted(ups, reads, side="right") - 1
+    ok = idx >= 0
+    fig, ax = plt.subplots(figsize=(12, 4.2))
+    ax.plot(t, w, lw=0.7, color="C0", label=f"power at {dt * 1e3:.1g} ms (model, no sensor)")
+    ax.step(reads[ok], vals[idx[ok]], where="post", lw=1.2, color="C1",
+            label=f"{inst.name} ({inst.window_s * 1e3:.0f} ms window, every {inst.update_s * 1e3:.0f} ms), "
+                  f"read at {SAMPLER_HZ:g} Hz")
+    if avg.window_s < t[-1]:
+        au, av = field(avg.window_s, avg.update_s, 0.0)
+        ax.plot(au, av, lw=1.2, color="C2", label=f"{avg.name}")
+    limit = prediction.breakdown["power"]["limit_w"]
+    ax.axhline(limit, color="red", lw=0.8, ls="--", label=f"power limit {limit:.0f} W")
+    ax.axhline(tl.mean_w, color="grey", lw=0.8, ls=":", label=f"mean {tl.mean_w:.0f} W")
+    top = prediction.device.max_sm_clock_mhz
+    clock = f"{sp.clock * top:.0f} MHz" if top else f"{sp.clock:.0%} of the maximum"
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("W per GPU")
+    who = "every device (no pipeline)" if sp.stage.name == "all" else f"the {sp.stage.name} pipeline stage"
+    ax.set_title(title or f"Predicted: {n} steps of {who} at {clock} "
+                          f"(power-capped {sp.throttle_power:.0%} of the time) — predicted, not measured", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.92)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out_stem)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
+    for p in paths:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def _physics_row(axes: Any, points: list[Any], clusters: list[str]) -> None:
+    """The study's physics, predicted: against micro-batch (the ``recompute`` variant where a point's label names
+    one — the study's micro-batch sweep ran with full recompute and no overlap — else every point; one line per
+    model and layout, the first cluster), the peak at the study's sampler and the share of time power-capped;
+    the mean steady temperature of each slot per cluster (whisker: min–max over configurations; hatched: the
+    share of configurations in which the slot throttles); NVLink utilisation per layout."""
+    from powertrain.predict.physics import STUDY_SAMPLER
+
     colours = {m: f"C{i}" for i, m in enumerate(MODELS)}
-    for ax, cl in zip(axes[:2], [*clusters, None, None][:2], strict=True):
-        if cl is None:
-            ax.set_visible(False)
-            continue
+    cl = clusters[0] if clusters else None
+    pts = [p for p in points if p.cluster == cl and p.prediction.metrics.get("power_peak_w") is not None]
+    swept = [p for p in pts if "/recompute/" in f"/{p.label}/"] or pts
+    for ax, what, label in ((axes[0], "peak", f"peak W ({STUDY_SAMPLER[0]} field, {STUDY_SAMPLER[1]:g} Hz)"),
+                            (axes[1], "capped", "share power-capped")):
         lines: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-        pts = [p for p in points if p.cluster == cl and p.prediction.metrics.get("power_peak_w") is not None]
-        swept = [p for p in pts if "/recompute/" in f"/{p.label}/"] or pts
         for p in swept:
-            layout = p.label.split("/")[0]
-            lines[(p.model, layout)].append((p.config.knobs.micro_batch, p.prediction.metrics["power_peak_w"]))
+            m = p.prediction.metrics
+            v = (p.prediction.breakdown["power"]["peaks"]["study"]["power_w"] if what == "peak"
+                 else m["throttle_share_power_cap"])
+            lines[(p.model, p.label.split("/")[0])].append((p.config.knobs.micro_batch, v))
         for (model, layout), xy in sorted(lines.items()):
             xy.sort()
             ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=3, lw=1, alpha=0.8,
-                    color=colours.get(model, "grey"), label=model if layout == min(
-                        lay for m, lay in lines if m == model) else None)
+                    color=colours.get(model, "grey"),
+                    label=model if layout == min(lay for mm, lay in lines if mm == model) else None)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("micro-batch")
-        ax.set_title(f"{cl}: peak W/GPU vs micro-batch — predicted", fontsize=9)
+        ax.set_title(f"{cl}: {label} vs micro-batch — predicted", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    _slot_panels(axes[2], axes[3], points, clusters)
+    axes[1].set_ylim(0, 1.05)
+    _slot_panel(axes[2], points, clusters)
+    _link_panel(axes[3], points, clusters)
 
 
-def _slot_panels(ax_t: Any, ax_th: Any, points: list[Any], clusters: list[str]) -> None:
+def _slot_panel(ax: Any, points: list[Any], clusters: list[str]) -> None:
     width = 0.8 / max(1, len(clusters))
     for ci, cl in enumerate(clusters):
         per_slot: dict[int, list[tuple[float, bool]]] = defaultdict(list)
@@ -127,15 +199,41 @@ def _slot_panels(ax_t: Any, ax_th: Any, points: list[Any], clusters: list[str]) 
         mean = [sum(t for t, _ in per_slot[s]) / len(per_slot[s]) for s in slots]
         lo = [m - min(t for t, _ in per_slot[s]) for m, s in zip(mean, slots, strict=True)]
         hi = [max(t for t, _ in per_slot[s]) - m for m, s in zip(mean, slots, strict=True)]
-        ax_t.bar(xs, mean, width=width * 0.95, yerr=[lo, hi], capsize=2, label=cl)
         share = [sum(th for _, th in per_slot[s]) / len(per_slot[s]) for s in slots]
-        ax_th.bar(xs, share, width=width * 0.95, label=cl)
-    for ax, title in ((ax_t, "steady °C per slot (whisker: range)"), (ax_th, "share throttling, per slot")):
-        ax.set_xlabel("slot (gpuN)")
-        ax.set_title(f"{title} — predicted", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    lows = [b.get_height() - 3 for b in ax_t.patches]
+        bars = ax.bar(xs, mean, width=width * 0.95, yerr=[lo, hi], capsize=2, label=cl)
+        for b, sh in zip(bars, share, strict=True):
+            if sh > 0:
+                b.set_hatch("//")
+                ax.annotate(f"{sh:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", fontsize=6)
+    ax.set_xlabel("slot (gpuN)")
+    ax.set_title("steady °C per slot (hatched: throttles) — predicted", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    lows = [b.get_height() - 3 for b in ax.patches]
     if lows:
-        ax_t.set_ylim(bottom=max(0.0, min(lows)))  # the slot spread is a few degrees: do not start at 0
-    ax_th.set_ylim(0, 1)
+        ax.set_ylim(bottom=max(0.0, min(lows)))  # the slot spread is a few degrees: do not start at 0
+
+
+def _link_panel(ax: Any, points: list[Any], clusters: list[str]) -> None:
+    """NVLink bytes ÷ step ÷ bandwidth per layout (mean over its configurations), per cluster."""
+    width = 0.8 / max(1, len(clusters))
+    layouts: list[str] = []
+    for p in points:
+        lay = f"{p.model.split('-')[0]} {p.label.split('/')[0]}"
+        if lay not in layouts:
+            layouts.append(lay)
+    for ci, cl in enumerate(clusters):
+        vals = []
+        for lay in layouts:
+            got = [p.prediction.metrics["link_bw_share"] for p in points if p.cluster == cl and p.prediction.fits
+                   and f"{p.model.split('-')[0]} {p.label.split('/')[0]}" == lay
+                   and p.prediction.metrics.get("link_bw_share") is not None]
+            vals.append(sum(got) / len(got) if got else 0.0)
+        ax.barh([i + (ci - (len(clusters) - 1) / 2) * width for i in range(len(layouts))], vals, height=width * 0.95,
+                label=cl)
+    ax.set_yticks(range(len(layouts)))
+    ax.set_yticklabels(layouts, fontsize=6)
+    ax.set_xlabel("NVLink bytes ÷ step ÷ bandwidth")
+    ax.set_title("link utilisation per layout — predicted", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8)

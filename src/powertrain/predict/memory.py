@@ -25,8 +25,12 @@ logits of one micro-batch (``6·s·b·V/tp`` bytes: 16-bit logits and their fp32
 States per parameter (mixed precision, Adam): 16-bit weights 2 B, fp32 gradients 4 B, fp32 master
 weights + two moments 12 B; fp32 training 4 + 4 + 8. DDP replicates all; a distributed optimizer
 (ZeRO-1) shards the 12 B over data parallel; FSDP (ZeRO-3) shards all three and holds the current and
-the prefetched layer's gathered 16-bit weights. LoRA fine-tuning keeps only the frozen weights. Dense parameters shard over dp·cp, expert parameters
-over dp·cp/ep. Framework overhead: a fixed term (CUDA context, communicator buffers) plus an
+the prefetched layer's gathered 16-bit weights. LoRA fine-tuning holds the frozen base weights once, in
+their training dtype (as Megatron-Core and NeMo do: no gradient, optimizer state or fp32 master copy for
+them; FSDP shards and gathers them as ever), and its adapters (``predict.lora``) with the states of any
+trained parameter; activations are costed as in full training (an upper bound: a framework may drop
+inputs kept only for a frozen weight's gradient, and the adapters' own ``n·r`` values are negligible).
+Dense parameters shard over dp·cp, expert parameters over dp·cp/ep. Framework overhead: a fixed term (CUDA context, communicator buffers) plus an
 allocator-fragmentation factor (calibration coefficients). The fixed term is a GPU's: a host-CPU
 "device" has no CUDA context and no NCCL buffers, so a CPU rank pays only the fragmentation factor
 (its interpreter and torch's own footprint are not model memory and are not counted).
@@ -38,7 +42,7 @@ from functools import cache
 from typing import Any
 
 from powertrain.core.flops import Shape, parameter_counts
-from powertrain.predict import moe
+from powertrain.predict import lora, moe
 from powertrain.predict.calibration import Calibration, Coefficients, load_calibration
 from powertrain.predict.case import Case, case_from_run_config
 
@@ -149,24 +153,25 @@ def memory_per_device(case: Case, coeffs: Coefficients | None = None,
         if stage == case.pp - 1 and p["head"] == 0.0 and case.pp > 1:
             dense += p["embedding"] / case.tp  # tied weights: the last stage keeps a copy
         experts = expert_layer * n
+        # what trains: every weight, or with LoRA the adapters alone beside the frozen base weights, which
+        # are held once in their training dtype (no gradient, optimizer state or fp32 master copy)
+        t_dense, t_experts = lora.adapter_parameters_on(case, n) if case.lora else (dense, experts)
         if case.lora:
-            # frozen base weights: no gradients or optimizer states (adapters are negligible)
-            weights = (dense + experts) * w_b / (dp_shard if case.fsdp else 1)
-            grads = optim = gathered = 0.0
-        elif case.fsdp:
+            dense, experts = dense + t_dense, experts + t_experts
+        if case.fsdp:
             weights = (dense / dp_shard + experts / ep_shard) * w_b
-            grads = (dense / dp_shard + experts / ep_shard) * g_b
-            optim = (dense / dp_shard + experts / ep_shard) * o_b
+            grads = (t_dense / dp_shard + t_experts / ep_shard) * g_b
+            optim = (t_dense / dp_shard + t_experts / ep_shard) * o_b
             # the current and the prefetched layer's gathered 16-bit weights; without resharding after the
             # forward every layer's stay gathered until its backward
             gathered = (2 if case.fsdp_reshard else n) * (dense_layer + expert_layer) * w_b
         else:
             weights = (dense + experts) * w_b
-            grads = (dense + experts) * g_b
+            grads = (t_dense + t_experts) * g_b
             if case.distributed_optimizer:
-                optim = (dense / dp_shard + experts / ep_shard) * o_b
+                optim = (t_dense / dp_shard + t_experts / ep_shard) * o_b
             else:
-                optim = (dense + experts) * o_b
+                optim = (t_dense + t_experts) * o_b
             gathered = 0.0
         inflight_here = inflight if (case.pp > 1 and stage == 0) else 1.0
         acts = act_layer * n * inflight_here

@@ -40,6 +40,7 @@ GENERATION = {
     "a100-pcie-80gb": "ampere", "a100-pcie-40gb": "ampere", "a800-sxm4-80gb": "ampere",
     "h100-nvl": "hopper", "h200-nvl": "hopper", "h800": "hopper", "h20": "hopper",
     "l40s": "ada",  # no ratios known for Ada Lovelace: 1.0, as for an unknown generation (catalog note)
+    "v100-pcie-32gb": "volta", "p100-pcie-16gb": "pascal", "quadro-rtx-6000": "turing",
     "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi350x": "cdna4", "mi355x": "cdna4",
 }
 

@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 
 from powertrain.core.flops import hardware_flops_per_token, model_flops_per_token
+from powertrain.core.lora import MLPERF_RANK, MLPERF_TARGETS
+from powertrain.core.lora import TARGETS as LORA_TARGETS
 from powertrain.hardware import DeviceSpec, get_device
 from powertrain.predict.case import Case
 
@@ -191,6 +193,61 @@ def parse_recompute(value: Any, era: str) -> tuple[str, bool, str | None]:
             return "full", True, f"recompute {value!r}: on without a method, read as full recomputation (every layer)"
     return "none", False, (f"recompute {value!r} not understood: treated as not stated (the least recomputation "
                            "that fits is assumed)")
+
+
+# Adapter target names as frameworks write them → core.lora's names. Megatron-Core / NeMo 2 name the fused
+# layers (linear_qkv, linear_fc1: gate and up in one), NeMo 1 its own (attention_qkv, attention_dense, mlp_fc1,
+# mlp_fc2) and the groups "attention" and "mlp"; a fused fc1's one adapter is costed as gate_proj + up_proj.
+_LORA_TARGET_NAMES: dict[str, tuple[str, ...]] = {
+    **{t: (t,) for t in LORA_TARGETS},
+    "linear_qkv": ("qkv_proj",), "attention_qkv": ("qkv_proj",), "linear_proj": ("o_proj",),
+    "attention_dense": ("o_proj",), "linear_fc1": ("gate_proj", "up_proj"), "mlp_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",), "mlp_fc2": ("down_proj",), "attention": ("qkv_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+_LORA_TARGET_WORDS = re.compile(r"\b(" + "|".join(sorted(_LORA_TARGET_NAMES, key=len, reverse=True)) + r")\b")
+
+
+def _lora_targets(names: Any) -> tuple[str, ...] | None:
+    """Stated target names (a list, or one comma/space-separated string) in core.lora's names, None when none
+    is one."""
+    words = names if isinstance(names, list) else re.split(r"[\s,]+", str(names or ""))
+    out: list[str] = []
+    for w in words:
+        for t in _LORA_TARGET_NAMES.get(str(w).strip().strip("'\"[]").lower(), ()):
+            if t not in out:
+                out.append(t)
+    return tuple(out) or None
+
+
+def read_lora(r: dict[str, Any]) -> tuple[int, tuple[str, ...], list[str]]:
+    """(rank, targets, assumptions) of a published run; rank 0 and no targets unless its ``task`` says LoRA.
+
+    Read in order: a mapping ``task: {kind: lora, rank, targets}`` or ``lora: {rank, targets}`` (targets in
+    core.lora's, Megatron-Core's or NeMo's names); else the caveats' free text (``rank 16``, ``lora_rank``,
+    ``adapter_dim 16``; ``linear_qkv``/``linear_proj``, ``target_modules [attention]``…), said so; else the
+    MLPerf Llama-2-70B reference's rank 16 on the fused QKV and output projections, said so."""
+    task, given = r.get("task"), r.get("lora")
+    stated: dict[str, Any] = task if isinstance(task, dict) else (given if isinstance(given, dict) else {})
+    kind = str(task.get("kind", "")) if isinstance(task, dict) else str(task or "")
+    if "lora" not in kind.lower():
+        return 0, (), []
+    notes: list[str] = []
+    rank = _int(stated.get("rank"))
+    if rank is None:  # a caveat about the adapters ("rank 0" of a process group is no LoRA rank)
+        about = [str(c).lower() for c in r.get("caveats") or [] if re.search(r"lora|adapter", str(c).lower())]
+        found = [int(n) for c in about for n in re.findall(r"(?:lora_rank|adapter_dim|\brank)\W{0,3}(\d+)", c)]
+        rank = next((n for n in found if n >= 1), None)
+        notes.append(f"LoRA rank {rank} read from the caveats" if rank else
+                     f"LoRA rank not published: {MLPERF_RANK} assumed (the MLPerf Llama-2-70B reference's)")
+    targets = _lora_targets(stated.get("targets"))
+    if targets is None:  # only a caveat about target modules names them ("attention" alone means more elsewhere)
+        about = [str(c).lower() for c in r.get("caveats") or [] if re.search(r"target[ _-]modules?", str(c).lower())]
+        targets = _lora_targets([w for c in about for w in _LORA_TARGET_WORDS.findall(c)])
+        notes.append(f"LoRA targets {', '.join(targets)} read from the caveats" if targets else
+                     f"LoRA targets not published: {', '.join(MLPERF_TARGETS)} assumed (the MLPerf Llama-2-70B "
+                     "reference's, NeMo's linear_qkv and linear_proj)")
+    return int(rank or MLPERF_RANK), targets or MLPERF_TARGETS, notes
 
 
 def parse_vp(value: Any, layers: int, pp: int) -> tuple[int, str | None]:
@@ -426,6 +483,8 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         isinstance(fsdp_field, int | float) and not isinstance(fsdp_field, bool) and fsdp_field > 0) or (
         fsdp_field is True) or par.get("zero") == 3
     caveats = " ".join(str(c) for c in r.get("caveats") or []).lower()
+    lora_rank, lora_targets, lora_notes = read_lora(r)
+    out.assumptions += lora_notes
     act = str(m.get("activation") or "gelu").lower()
     precision, prec_note = read_precision(r.get("precision"))
     modern = stack.era == "megatron-core"
@@ -476,7 +535,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         precision=precision,
         overlap_tp=modern or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
         overlap_dp=stack.era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
-        power_limit_w=_number(hw.get("power_limit_w")), lora="lora" in str(r.get("task", "")).lower(),
+        power_limit_w=_number(hw.get("power_limit_w")), lora_rank=lora_rank, lora_targets=lora_targets,
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
         device=dev, devices_per_node=gpn,
     )

@@ -38,13 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from powertrain.core.flops import LayerFlops, Shape, layer_flops_per_token, parameter_counts, shape_of
-from powertrain.predict import moe, precision
+from powertrain.predict import engines, lora, moe, precision
 from powertrain.predict import network as net
 from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
 from powertrain.predict.memory import rank_layers
+from powertrain.predict.timeline import PassWork, StageWork, StepWork, compose_step
 
-OPT_BYTES_PER_PARAM = 32.0  # Adam: read fp32 master, grad, m, v; write master, m, v and 16-bit copy
 GRAD_BYTES = 4.0  # bytes per gradient value reduced across data-parallel ranks (fp32)
 ZERO3_GRAD_BYTES = 2.0  # DeepSpeed ZeRO-3: gradients reduce-scattered in the 16-bit training dtype
 _ELEM_BYTES = {"fp8": 1.0, "fp4": 0.5, "fp32": 4.0, "tf32": 4.0}  # bytes per GEMM operand element
@@ -61,7 +61,8 @@ class StepTime:
     breakdown: dict[str, float] = field(default_factory=dict)
     compute_s: float = 0.0  # per device: GEMM + attention time (mean device)
     memory_s: float = 0.0  # per device: memory-bound time
-    burst_s: float = 0.0  # longest uninterrupted stretch of work on a device (see busy_run_s)
+    work: StepWork | None = None  # the parts by kind and pipeline stage, at the maximum clock (predict/timeline.py)
+    clock: float = 1.0  # the clock ratio the total is at
 
 
 def _ring(size_bytes: float, group: int, bw: float, lat: float) -> float:
@@ -155,8 +156,9 @@ def compute_rates(case: Case, c: Coefficients, clock: float = 1.0) -> Rates:
 
 # --- one layer, one micro-batch ---------------------------------------------------------------------
 
-def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> float:
-    """Q/K/V/O projections of one layer's forward: grouped-query, own head width, or MLA.
+def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> tuple[float, float]:
+    """(time, longest single GEMM) of the Q/K/V/O projections of one layer's forward: grouped-query, own
+    head width, or MLA.
 
     MLA (DeepSeek-V2/V3, Kimi K2): down-projections of the query (``q_lora_rank``) and of K/V
     (``kv_lora_rank`` + the shared rotary key) are replicated over TP; the up-projections to
@@ -167,15 +169,17 @@ def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> float:
     if case.kv_lora_rank:
         rope, vd = case.qk_rope_dim, case.v_head_dim or hd
         qk = case.heads * (hd + rope)
-        t = gemm(n_tok, h, case.kv_lora_rank + rope) + gemm(n_tok, case.kv_lora_rank, case.heads * (hd + vd) / tp)
+        ts = [gemm(n_tok, h, case.kv_lora_rank + rope), gemm(n_tok, case.kv_lora_rank, case.heads * (hd + vd) / tp)]
         if case.q_lora_rank:
-            t += gemm(n_tok, h, case.q_lora_rank) + gemm(n_tok, case.q_lora_rank, qk / tp)
+            ts += [gemm(n_tok, h, case.q_lora_rank), gemm(n_tok, case.q_lora_rank, qk / tp)]
         else:
-            t += gemm(n_tok, h, qk / tp)
-        return t + gemm(n_tok, case.heads * vd / tp, h)
+            ts.append(gemm(n_tok, h, qk / tp))
+        ts.append(gemm(n_tok, case.heads * vd / tp, h))
+        return sum(ts), max(ts)
     q = case.heads * hd
     kv = case.kv_heads * hd
-    return gemm(n_tok, h, (q + 2 * kv) / tp) + gemm(n_tok, q / tp, h)
+    t_qkv, t_o = gemm(n_tok, h, (q + 2 * kv) / tp), gemm(n_tok, q / tp, h)
+    return t_qkv + t_o, max(t_qkv, t_o)
 
 
 def attention_core_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, n_tok: float) -> float:
@@ -186,21 +190,28 @@ def attention_core_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, n
     return 0.5 * lf.attention * n_tok / case.tp * (s_loc + r.knee) / (rate * s_loc)
 
 
-def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: bool = False) -> tuple[float, float]:
-    """(GEMM + attention time, attention-core time) of one layer's forward on one device.
+def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops,
+                  dense: bool = False) -> tuple[float, float, float]:
+    """(GEMM + attention time, attention-core time, longest single compute kernel) of one layer's forward on
+    one device. The longest kernel (a GEMM, or the fused attention) is what a short power-sensor window can
+    see alone (predict/timeline.py).
 
     ``dense``: a dense layer of an MoE model (its leading ``dense_layers``), MLP of width ``ffn``."""
     tp, h = case.tp, case.hidden
     n_tok = tokens_per_micro_batch(case)
     gemm = r.gemm
     mats = 3 if case.gated else 2
-    t = attention_gemm_time(case, r, n_tok)
+    t, longest = attention_gemm_time(case, r, n_tok)
     if case.is_moe and not dense:
-        t += moe.shared_gemm_time(case, gemm, n_tok) + moe.expert_gemm_time(case, c, gemm, n_tok)
+        shared, experts = moe.shared_gemm_time(case, gemm, n_tok), moe.expert_gemm_time(case, c, gemm, n_tok)
+        t += shared + experts
+        longest = max(longest, shared / 2, experts / 2)  # up and down projections: one grouped GEMM each
     else:
-        t += gemm(n_tok, h, (mats - 1) * case.ffn / tp) + gemm(n_tok, case.ffn / tp, h)
+        up, down = gemm(n_tok, h, (mats - 1) * case.ffn / tp), gemm(n_tok, case.ffn / tp, h)
+        t += up + down
+        longest = max(longest, up, down)
     t_attn = attention_core_time(case, c, r, lf, n_tok)
-    return t + t_attn, t_attn
+    return t + t_attn, t_attn, max(longest, t_attn)
 
 
 def layer_memory(case: Case, c: Coefficients, r: Rates, dense: bool = False) -> float:
@@ -263,7 +274,10 @@ def cp_comm_time(case: Case, c: Coefficients, r: Rates, t_attn: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class LayerTime:
-    """One transformer layer, one micro-batch, one device (seconds; ``*_f``: forward only)."""
+    """One transformer layer, one micro-batch, one device (seconds; ``*_f``: forward only; ``b_*``: the
+    backward by kind of work, recomputation included). The kinds are what the power model draws for:
+    compute (GEMMs, attention: clock-bound), memory-bound kernels, exposed communication, and host time
+    (the GPU waits)."""
 
     compute_f: float  # GEMMs + attention
     attention_f: float  # the attention core (what selective recompute repeats)
@@ -271,10 +285,19 @@ class LayerTime:
     tp_f: float  # exposed TP collectives
     a2a_f: float  # EP all-to-all
     cp_f: float  # exposed CP exchange
-    overhead_f: float  # host/launch overhead
+    overhead_f: float  # host/launch overhead (the GPU waits)
     forward: float
     backward: float  # including recomputation
     compute: float  # compute of forward + backward + recomputation
+    b_compute: float = 0.0
+    b_memory: float = 0.0
+    b_comm: float = 0.0
+    b_host: float = 0.0
+    longest_f: float = 0.0  # the longest single compute kernel of the forward (a backward GEMM is as long)
+
+    @property
+    def comm_f(self) -> float:
+        return self.tp_f + self.a2a_f + self.cp_f
 
 
 def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: bool = False) -> LayerTime:
@@ -282,8 +305,13 @@ def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: boo
 
     ``dense``: one of an MoE model's leading dense layers (no routing, no all-to-all)."""
     moe_layer = case.is_moe and not dense
-    t_comp_f, t_attn = layer_compute(case, c, r, lf, dense)
-    t_mem_f = layer_memory(case, c, r, dense)
+    t_comp_f, t_attn, longest = layer_compute(case, c, r, lf, dense)
+    if case.engine == "builtin":  # its own eager kernels, counted op by op (predict/engines.py)
+        f_bytes, b_bytes = engines.builtin_layer_bytes(case, dense)
+        t_mem_f, t_mem_b = f_bytes / r.bw_mem, b_bytes / r.bw_mem
+    else:
+        t_mem_f = layer_memory(case, c, r, dense)
+        t_mem_b = None
     t_tp_f = tp_comm_time(case, c, r)
     t_a2a_f = ep_all_to_all_time(case, c, r) if moe_layer else 0.0
     if t_a2a_f and case.overlap_ep:
@@ -296,8 +324,9 @@ def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: boo
     t_ovh = c.layer_overhead_s
     layer_f = t_comp_f + t_mem_f + t_tp_f + t_a2a_f + t_cp_f + t_ovh
     # backward = activation gradients + weight gradients (2 × forward); LoRA skips weight gradients
-    bwd = 1.0 if case.lora else 2.0
-    layer_b = bwd * (t_comp_f + t_mem_f + t_cp_f + t_ovh) + t_tp_f + t_a2a_f
+    bwd = lora.backward_factor(case, c, r, t_comp_f, t_attn, t_cp_f + t_ovh + (t_mem_f if t_mem_b is None else 0.0), dense) if case.lora else 2.0
+    b_mem = bwd * t_mem_f if t_mem_b is None else t_mem_b
+    b_comp, b_comm, b_host = bwd * t_comp_f, t_tp_f + t_a2a_f + bwd * t_cp_f, bwd * t_ovh
     if moe_layer:
         # dropless routing syncs token counts to the host; the GPU then waits for the CPU to launch the
         # rest of the layer: a layer pass takes the longer of its GPU work and that host time
@@ -305,16 +334,15 @@ def layer_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, dense: boo
         host = c.moe_layer_overhead_s
         t_ovh += max(0.0, host - layer_f)
         layer_f = max(layer_f, host)
-        layer_b = max(layer_b, host)
-    comp_layer = (1 + bwd) * t_comp_f
-    if case.recompute == "full":
-        layer_b += layer_f
-        comp_layer += t_comp_f
+        b_host += max(0.0, host - (b_comp + b_mem + b_comm + b_host))
+    if case.recompute == "full":  # the forward again, communication included, before its backward
+        b_comp, b_mem, b_comm, b_host = b_comp + t_comp_f, b_mem + t_mem_f, b_comm + t_tp_f + t_a2a_f + t_cp_f, b_host + t_ovh
     elif case.recompute == "selective":
-        layer_b += t_attn
-        comp_layer += t_attn
+        b_comp += t_attn
     return LayerTime(compute_f=t_comp_f, attention_f=t_attn, memory_f=t_mem_f, tp_f=t_tp_f, a2a_f=t_a2a_f,
-                     cp_f=t_cp_f, overhead_f=t_ovh, forward=layer_f, backward=layer_b, compute=comp_layer)
+                     cp_f=t_cp_f, overhead_f=t_ovh, forward=layer_f, backward=b_comp + b_mem + b_comm + b_host,
+                     compute=t_comp_f + b_comp, b_compute=b_comp, b_memory=b_mem, b_comm=b_comm, b_host=b_host,
+                     longest_f=longest)
 
 
 def mean_layer(case: Case, c: Coefficients, r: Rates, lf: LayerFlops) -> LayerTime:
@@ -340,15 +368,20 @@ class HeadTime:
     forward: float
     backward: float
     embedding: float  # one embedding pass (forward, backward and the gradient update make 3)
+    memory_b: float = 0.0  # the backward's memory-bound part (the built-in engine's differs from the forward's)
 
 
 def head_time(case: Case, r: Rates) -> HeadTime:
     n_tok = tokens_per_micro_batch(case)
     h, tp = case.hidden, case.tp
     t_head_comp = r.gemm(n_tok, h, case.vocab / tp)
-    t_head_mem = n_tok * case.vocab / tp * 14 / r.bw_mem  # 16-bit logits, fp32 softmax and its grad
-    return HeadTime(compute=t_head_comp, memory=t_head_mem, forward=t_head_comp + t_head_mem,
-                    backward=2 * t_head_comp + t_head_mem, embedding=2 * r.ab * n_tok * h / r.bw_mem)
+    if case.engine == "builtin":  # counted: bf16 and fp32 logits, the loss, weight casts, final norm
+        f_bytes, b_bytes = engines.builtin_head_bytes(case)
+        mem_f, mem_b = f_bytes / r.bw_mem, b_bytes / r.bw_mem
+    else:
+        mem_f = mem_b = n_tok * case.vocab / tp * 14 / r.bw_mem  # 16-bit logits, fp32 softmax and its grad
+    return HeadTime(compute=t_head_comp, memory=mem_f, forward=t_head_comp + mem_f,
+                    backward=2 * t_head_comp + mem_b, embedding=2 * r.ab * n_tok * h / r.bw_mem, memory_b=mem_b)
 
 
 # --- pipeline ---------------------------------------------------------------------------------------
@@ -439,10 +472,15 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
     during the cool-down, half a micro-batch more per extra chunk); the distributed optimizer's
     parameter all-gather hides behind the next step's first forward; FSDP prefetches each layer's
     gather behind the previous layer's compute, every micro-batch, the first layer's gather exposed.
+    LoRA reduces (and a distributed optimizer gathers) the adapters only, small enough to sit in the
+    last bucket, so exposed; FSDP gathers the frozen weights as ever.
     ``slowest_rank``: one micro-batch (fwd + bwd) on the critical rank, ~1/3 forward.
     """
     pp, vp = case.pp, case.vp
     dense_dev, expert_dev = params.dense, params.expert
+    # what trains, so has its gradients reduced (and, with a distributed optimizer, is gathered again): every
+    # weight, or with LoRA the adapters alone; FSDP still gathers the frozen weights for both passes
+    train_d, train_e = lora.adapter_parameters_on(case, max(rank_layers(case))) if case.lora else (dense_dev, expert_dev)
     f = net.fabric(case, c)
     g_d = net.group(case, case.tp, params.dense_group)
     e_stride = moe.expert_dp(case)[0] if case.is_moe else case.tp * case.cp * case.ep
@@ -456,14 +494,12 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
     def half(nbytes_dense: float, nbytes_expert: float) -> float:
         return net.reduce_scatter(f, g_d, nbytes_dense) + net.reduce_scatter(f, g_e, nbytes_expert)
 
-    if case.lora:
-        return 0.0, 0.0  # frozen weights: no gradient reduction (adapter gradients are negligible)
     if case.fsdp and case.fsdp_per_param and g_d.domains > 1:
         # one channel per small collective: a ring per rank on its own NIC share (in_domain = 1)
         g_d = net.Group(g_d.size, 1, g_d.span, g_d.size)
     if case.fsdp:
         ag = half(dense_dev * 2, expert_dev * 2)
-        rs = half(dense_dev * grad_b, expert_dev * grad_b)
+        rs = half(train_d * grad_b, train_e * grad_b)
         # FSDP prefetches the next layer's gather; DeepSpeed ZeRO-3 too (stage3_prefetch_bucket_size, its
         # overlap_comm defaults on for stage 3: ZeRO-Infinity's overlap-centric design, SC'21 §6)
         ovl = c.overlap_eff if case.overlap_fsdp else 0.0
@@ -471,14 +507,14 @@ def data_parallel_time(case: Case, c: Coefficients, params: LocalParameters, slo
         per_mb = max(0.0, ag - ovl * t_f_stage) + max(0.0, ag_b + rs - ovl * t_b_stage)
         return 0.0, case.micro_batches * per_mb + ag / max(1, max(rank_layers(case)))
     if case.distributed_optimizer and not case.owner_broadcast_optimizer:
-        rs = half(dense_dev * grad_b, expert_dev * grad_b)
-        ag = half(dense_dev * 2, expert_dev * 2)
+        rs = half(train_d * grad_b, train_e * grad_b)
+        ag = half(train_d * 2, train_e * 2)
     else:
-        rs = net.all_reduce(f, g_d, dense_dev * grad_b) + net.all_reduce(f, g_e, expert_dev * grad_b)
-        ag = owner_broadcasts(case, f, g_d, g_e, dense_dev, expert_dev) if case.distributed_optimizer else 0.0
+        rs = net.all_reduce(f, g_d, train_d * grad_b) + net.all_reduce(f, g_e, train_e * grad_b)
+        ag = owner_broadcasts(case, f, g_d, g_e, train_d, train_e) if case.distributed_optimizer else 0.0
     if case.overlap_dp:
         window = t_b_stage * (1 + (vp - 1) / vp * 0.5 * (pp > 1))
-        last_bucket = rs * min(1.0, case.dp_bucket_params / max(1.0, dense_dev + expert_dev))
+        last_bucket = rs * min(1.0, case.dp_bucket_params / max(1.0, train_d + train_e))
         dp_exposed = max(last_bucket, rs - c.overlap_eff * window)
     else:
         dp_exposed = rs
@@ -513,44 +549,106 @@ def owner_broadcasts(case: Case, f: net.Fabric, g_d: net.Group, g_e: net.Group, 
 # --- optimizer ------------------------------------------------------------------------------------------
 
 def optimizer_time(case: Case, params: LocalParameters, r: Rates) -> float:
-    """The optimizer step: ~32 bytes per local (sharded) parameter plus reading the gradients."""
+    """The optimizer step: ~32 bytes per local (sharded) parameter plus reading the gradients (LoRA: the
+    adapters' only)."""
     sharded = case.fsdp or case.distributed_optimizer
     shard = params.dense_group if sharded else 1
     shard_e = params.expert_group if sharded else 1
-    return ((params.dense / shard + params.expert / shard_e) * OPT_BYTES_PER_PARAM
-            + (params.dense + params.expert) * GRAD_BYTES) / r.bw_mem
+    per_param, grads = engines.optimizer_bytes(case)  # the engine's optimizer kernels (predict/engines.py)
+    # what the optimizer updates: every local parameter, or with LoRA the adapters alone (a frozen weight has no
+    # gradient and no state)
+    dense, expert = lora.adapter_parameters_on(case, max(rank_layers(case))) if case.lora else (params.dense, params.expert)
+    return ((dense / shard + expert / shard_e) * per_param + (dense + expert) * grads) / r.bw_mem
 
 
 # --- the step -----------------------------------------------------------------------------------------
 
 def step_time(case: Case, c: Coefficients, clock: float = 1.0, shape: Shape | None = None) -> StepTime:
-    """Predict one step's time. ``clock`` (≤ 1) scales compute throughput (power/thermal limits)."""
+    """Predict one step's time at clock ratio ``clock`` (≤ 1: a power limit, a lock or heat lowers the SM
+    clock). The parts are costed at the maximum clock; :func:`~powertrain.predict.timeline.compose_step`
+    puts them together at the clock (compute-bound time ÷ clock, the rest as is), the one formula for the
+    step at any clock — also when pipeline stages run at different clocks (predict/governor.py)."""
     sh = shape or shape_of(case)
-    r = compute_rates(case, c, clock)
+    r = compute_rates(case, c)
     layer = mean_layer(case, c, r, layer_flops_per_token(sh))
     head = head_time(case, r)
     pipe = pipeline_time(case, c, r, layer, head)
     params = local_parameters(case, sh)
     dp_exposed, fsdp_exposed = data_parallel_time(case, c, params, pipe.slowest_rank)
     t_opt = optimizer_time(case, params, r)
-    total = pipe.busy + pipe.bubble + dp_exposed + fsdp_exposed + t_opt + c.step_overhead_s
+    work = step_work(case, c, layer, head, pipe, dp_exposed, fsdp_exposed, t_opt)
     m, pp = case.micro_batches, case.pp
     n_layers_dev = case.layers / pp
-    compute_mean = m * pipe.compute_all_ranks / pp
-    memory_mean = m * (n_layers_dev * 3 * layer.memory_f + 2 * head.memory / pp) + t_opt
-    return StepTime(total_s=total, breakdown=_breakdown(case, c, layer, head, pipe, dp_exposed, fsdp_exposed, t_opt),
-                    compute_s=compute_mean, memory_s=memory_mean, burst_s=busy_run_s(case, pipe))
+    full = StepTime(total_s=compose_step(work, 1.0).total_s,
+                    breakdown=_breakdown(case, c, layer, head, pipe, dp_exposed, fsdp_exposed, t_opt),
+                    compute_s=m * pipe.compute_all_ranks / pp,
+                    memory_s=m * (n_layers_dev * (layer.memory_f + layer.b_memory) + 2 * head.memory / pp) + t_opt,
+                    work=work, clock=1.0)
+    return full if clock == 1.0 else at_clocks(full, clock)
 
 
-def busy_run_s(case: Case, pipe: PipelineTime) -> float:
-    """The longest stretch a device works without waiting: its micro-batches back to back.
+def at_clocks(full: StepTime, clocks: dict[str, float] | float) -> StepTime:
+    """The step ``full`` (costed at the maximum clock) with its pipeline stages at ``clocks`` (a number: all at
+    it): :func:`~powertrain.predict.timeline.compose_step` for the total, the clock-bound parts of the breakdown
+    stretched by the ranks' mean 1/clock."""
+    work = full.work
+    assert work is not None
+    composed = compose_step(work, clocks)
+    ranks = sum(s.ranks for s in work.stages)
+    inv = sum(s.ranks / float(clocks if isinstance(clocks, float | int) else clocks.get(s.name, 1.0))
+              for s in work.stages) / ranks
+    bd = dict(full.breakdown)
+    bd["compute_s"] = bd["compute_s"] * inv
+    bd["pp_bubble_s"] = composed.bubble_s
+    mean_mb = sum(s.ranks * s.mean_scale * composed.micro_batch_s[s.name] for s in work.stages) / work.pp
+    bd["pp_stage_imbalance_s"] = composed.busy_s - work.micro_batches * mean_mb
+    return StepTime(total_s=composed.total_s, breakdown=bd, compute_s=full.compute_s * inv, memory_s=full.memory_s,
+                    work=work, clock=1.0 / inv)
 
-    Gradient accumulation runs the micro-batches one after another; a pipeline stage in the steady state of
-    1F1B (interleaved or not) goes from one chunk to the next as its neighbours' activations arrive, and waits
-    only in the fill and drain (the bubble). So the run is the step's micro-batches on the slowest stage less
-    the bubble, and at least one chunk (a pipeline with fewer micro-batches than stages is mostly bubble).
-    """
-    return max(pipe.slowest_rank / case.vp, case.micro_batches * pipe.slowest_rank - pipe.bubble)
+
+def step_work(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pipe: PipelineTime,
+              dp_exposed: float, fsdp_exposed: float, t_opt: float) -> StepWork:
+    """The step's work by kind, per kind of pipeline stage (the first, the fullest middle rank, the last; one
+    kind without pipelining), per chunk — the parts :func:`pipeline_time` sums, so that
+    ``compose_step(step_work(...), 1)`` is that step exactly.
+
+    A stage of ``n`` layers: its layers' forward and backward parts; the last adds the logit layer, the loss
+    and any multi-token-prediction modules; the first the embedding (forward, backward, update). A chunk is
+    a micro-batch's share of one virtual stage (÷ v)."""
+    m, pp, vp = case.micro_batches, case.pp, case.vp
+    layers = rank_layers(case)
+    mtp = case.mtp_layers
+    sends = 2 * pipe.p2p if pp > 1 else 0.0
+
+    def kind(name: str, ranks: int, n: float, first: bool, last: bool, scale: float = 1.0) -> StageWork:
+        n_eff = n + (mtp if last else 0)  # MTP modules run one more layer each on the last stage
+        hc = head.compute * (1 + mtp) if last else 0.0
+        hm = head.memory * (1 + mtp) if last else 0.0
+        hm_b = head.memory_b * (1 + mtp) if last else 0.0
+        emb = head.embedding if first else 0.0
+        longest = max(layer.longest_f, head.compute if last else 0.0)
+        fwd = PassWork(compute=(n_eff * layer.compute_f + hc) / vp, memory=(n_eff * layer.memory_f + hm + emb) / vp,
+                       comm=n_eff * layer.comm_f / vp, host=n_eff * layer.overhead_f / vp, longest=longest,
+                       passes=max(1.0, n_eff / vp))
+        bwd = PassWork(compute=(n_eff * layer.b_compute + 2 * hc) / vp,
+                       memory=(n_eff * layer.b_memory + hm_b + 2 * emb) / vp, comm=n_eff * layer.b_comm / vp,
+                       host=n_eff * layer.b_host / vp, longest=max(longest, 2 * layer.attention_f),
+                       passes=max(1.0, n_eff / vp))
+        return StageWork(name=name, ranks=ranks, fwd=fwd, bwd=bwd, sends=sends, mean_scale=scale)
+
+    if pp == 1:
+        stages: tuple[StageWork, ...] = (kind("all", 1, layers[0], True, True),)
+    else:
+        stages = (kind("first", 1, layers[0], True, False),)
+        if pp > 2:
+            mids = layers[1:-1]
+            full = max(mids)
+            per_layer = layer.forward + layer.backward
+            scale = (sum(mids) * per_layer + len(mids) * vp * sends) / (len(mids) * (full * per_layer + vp * sends))
+            stages += (kind("middle", pp - 2, full, False, False, scale),)
+        stages += (kind("last", 1, layers[-1], False, True),)
+    return StepWork(stages=stages, micro_batches=m, pp=pp, vp=vp, in_run_comm=fsdp_exposed, tail_comm=dp_exposed,
+                    optimizer=t_opt, fixed=c.step_overhead_s, memory_floor=c.memory_clock_floor)
 
 
 def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pipe: PipelineTime,
@@ -561,7 +659,7 @@ def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pi
     comm_passes = 2 + (case.recompute == "full")  # forward, backward and a recomputed forward
     return {
         "compute_s": m * n_layers_dev * layer.compute,
-        "memory_bound_s": m * n_layers_dev * 3 * layer.memory_f,
+        "memory_bound_s": m * n_layers_dev * (layer.memory_f + layer.b_memory),
         "tp_comm_exposed_s": m * n_layers_dev * comm_passes * layer.tp_f,
         "ep_all_to_all_s": m * n_layers_dev * comm_passes * layer.a2a_f,
         "cp_comm_exposed_s": m * n_layers_dev * 3 * layer.cp_f,
@@ -573,7 +671,7 @@ def _breakdown(case: Case, c: Coefficients, layer: LayerTime, head: HeadTime, pi
         "optimizer_s": t_opt,
         # host time inside each micro-batch's stretch of work; the step's fixed time outside it is apart, so
         # the power model does not count it in a GEMM burst
-        "overhead_s": m * n_layers_dev * 3 * layer.overhead_f,
+        "overhead_s": m * n_layers_dev * (layer.overhead_f + layer.b_host),
         "step_overhead_s": c.step_overhead_s,
         "head_s": m * (head.forward + head.backward) / pp,
         "micro_batches": float(m),

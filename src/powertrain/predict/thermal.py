@@ -12,8 +12,9 @@ air-cooled 8-device baseboard, where air flows front to back, the rear slots
 
 Throttling: when a slot's ``T_ss`` exceeds the device's slowdown temperature, that device lowers
 clocks until its mean power gives exactly that temperature (``P_allowed``, solved with the slot's
-ratio and pre-heat). In a
-synchronous job the slowest device sets the step time (a straggler), which the predictor applies.
+ratio and pre-heat). :func:`node_heat` gives every slot of a node its temperatures from its own
+device's power (its pipeline stage's); :mod:`powertrain.predict.physics` finds the clock that holds a
+hot slot at ``P_allowed`` and lets that straggler set its stage's pace (the job is synchronous).
 
 :func:`fit_thermal` recovers ``R``, ``τ`` and ``T_in`` from a measured power and temperature
 timeline by least squares on the exact discretisation of the model on a uniform grid.
@@ -40,66 +41,50 @@ class ThermalParams:
 
 
 @dataclass(slots=True)
-class SlotThermal:
-    """Temperature of a group of chassis slots that share an inlet temperature (front or rear row)."""
+class SlotHeat:
+    """Temperature of one chassis slot whose device draws a given mean power."""
 
-    slots: tuple[int, ...]
-    inlet_c: float
-    steady_c: float
-    peak_c: float
-    throttled: bool
-    allowed_power_w: float | None
-    time_to_steady_s: float
-
-    @property
-    def slot(self) -> int:
-        return self.slots[0]
+    inlet_c: float  # air (or coolant) at the slot: the node's inlet, plus the front row's heat for a rear slot
+    steady_c: float  # where it settles: inlet + R · power
+    end_c: float  # at the end of the run, heated from its idle temperature for the run's length
+    idle_c: float  # its temperature at idle, where the run starts
+    time_to_steady_s: float  # until within 1 °C of steady
 
 
-def slot_temperatures(dev: DeviceSpec, devices_per_node: int, mean_w: float, peak_w: float,
-                      burst_s: float, start_c: float | None = None) -> list[SlotThermal]:
-    """Steady-state and peak temperature of every slot of a node at the given device power, one entry per slot.
-
-    Each slot's power is the device power × its fitted power ratio and its inlet is the node inlet plus
-    the rear-row pre-heat (:mod:`powertrain.predict.slot_thermal`); a slot whose steady temperature passes
-    the slowdown temperature throttles, with the device mean power it is allowed.
-    """
+def node_heat(dev: DeviceSpec, devices_per_node: int, powers: list[float], run_s: float) -> list[SlotHeat]:
+    """Every slot's temperature when the device in slot ``i`` draws ``powers[i]`` (its stage's power × the slot's
+    fitted ratio): inlet (the node's, plus the front row's heat for a rear slot: ``rear_preheat_c_per_kw`` × the
+    node's mean device power), steady ``T_in + R·P``, and after ``run_s`` of it from idle
+    ``T_ss + (T_idle − T_ss)·e^(−t/τ)`` (first order)."""
     th = dev.thermal
-    n = max(1, devices_per_node)
-    inlets = (th.inlet_c, th.inlet_c + th.rear_preheat_c_per_kw * mean_w / 1000.0)  # (front, rear)
-    t0 = th.inlet_c if start_c is None else start_c
-    # a burst longer than a few seconds lifts the temperature part of the way to its own steady state
-    swing = (peak_w - mean_w) * (1 - math.exp(-burst_s / th.tau_s))
-    slow, tau, log = dev.slowdown_c, th.tau_s, math.log
+    rear = _rear_flags(dev, max(1, devices_per_node))
+    node_mean = sum(powers) / len(powers)
+    pre, pre_idle = th.rear_preheat_c_per_kw * node_mean / 1000.0, th.rear_preheat_c_per_kw * dev.idle_w / 1000.0
+    decay = math.exp(-max(0.0, run_s) / th.tau_s)
+    r = th.r_c_per_w
     out = []
-    for s, (is_rear, r_slot) in enumerate(_slot_layout(dev, n)):
-        t_in = inlets[is_rear]
-        steady = t_in + r_slot * mean_w
-        if slow is not None and steady > slow:  # throttles: held at slowdown, its allowed power solved
-            from powertrain.predict.slot_thermal import slot_power_limit_w
-
-            gap = abs(slow - t0)
-            out.append(SlotThermal((s,), t_in, slow, slow, True, slot_power_limit_w(dev, n, s),
-                                   tau * log(gap) if gap > 1.0 else 0.0))
-            continue
-        gap = abs(steady - t0)
-        out.append(SlotThermal((s,), t_in, steady, steady + r_slot * swing, False, None,
-                               tau * log(gap) if gap > 1.0 else 0.0))  # time to within 1 °C
+    for i, p in enumerate(powers):
+        t_in = th.inlet_c + (pre if rear[i] else 0.0)
+        steady = t_in + r * p
+        idle = th.inlet_c + (pre_idle if rear[i] else 0.0) + r * dev.idle_w
+        gap = abs(steady - idle)
+        out.append(SlotHeat(inlet_c=t_in, steady_c=steady, end_c=steady + (idle - steady) * decay, idle_c=idle,
+                            time_to_steady_s=th.tau_s * math.log(gap) if gap > 1.0 else 0.0))
     return out
 
 
-_LAYOUTS: dict[tuple[object, ...], tuple[tuple[bool, float], ...]] = {}
+_REAR: dict[tuple[object, ...], tuple[bool, ...]] = {}
 
 
-def _slot_layout(dev: DeviceSpec, n: int) -> tuple[tuple[bool, float], ...]:
-    """(in the rear row, R × the slot's power ratio) per slot; cached: a sweep asks the same node often."""
-    key = (dev.name, dev.cooling, dev.vendor, dev.thermal, n)
-    got = _LAYOUTS.get(key)
+def _rear_flags(dev: DeviceSpec, n: int) -> tuple[bool, ...]:
+    """Whether each slot breathes the front row's air; cached: a sweep asks the same node often."""
+    key = (dev.cooling, dev.thermal, n)
+    got = _REAR.get(key)
     if got is None:
-        from powertrain.predict.slot_thermal import rear_slots, slot_ratios
+        from powertrain.predict.slot_thermal import rear_slots
 
-        ratios, rear = slot_ratios(dev, n), rear_slots(dev, n)
-        got = _LAYOUTS[key] = tuple((s in rear, dev.thermal.r_c_per_w * ratios[s]) for s in range(n))
+        rear = rear_slots(dev, n)
+        got = _REAR[key] = tuple(s in rear for s in range(n))
     return got
 
 
