@@ -81,6 +81,14 @@ def test_builtin_engine_keeps_the_trainers_limits_megatron_does_not():
     assert "context_parallel_unsupported" in rule_failures(builtin, cfg)
 
 
+def test_candidates_are_predicted_for_the_requested_engine():
+    # a RunConfig's case is powertrain's own trainer's; the advice for Megatron must cost Megatron's kernels and
+    # fixed step time, not the built-in trainer's
+    for engine, attention in (("megatron", "fused"), ("builtin", "flash2")):
+        cands = list(enumerate_candidates(_mixtral(engine=engine), CAL))
+        assert cands and {(c.case.engine, c.case.attention_kernel) for c in cands} == {(engine, attention)}
+
+
 def test_ranking_follows_the_objective_and_top1_is_the_best_point():
     adv = advise(_mixtral(), CAL, top_n=3)
     best = max(adv.points, key=lambda p: p.tokens_per_s)

@@ -134,30 +134,25 @@ def _speeds(stats: list[SlotStats]) -> tuple[dict[str, float | None], str]:
 
 
 def predicted_profile(case: Case, calibration: Calibration | str | None = None) -> SlotProfile:
-    """A profile from the predictor's node thermal model (:mod:`powertrain.predict.slot_thermal`) when no
-    measured run is at hand: each slot's steady temperature at the layout's predicted mean power, and a
-    slot whose thermal power limit is below that power runs at the clock that limit allows (dynamic
-    power ∝ clock^α, the calibration's ``power_clock_exponent``). An estimate, labelled so."""
-    from powertrain.predict.slot_thermal import slot_power_limit_w, slot_temperature_c
-
+    """A profile from the predictor when no measured run is at hand: each slot of the node holding the hottest
+    GPU, at its predicted temperature, power and clock (the predictor's governor and thermal slowdown per slot,
+    :mod:`powertrain.predict.physics`); a slot's speed is its clock over the fastest slot's. An estimate,
+    labelled so."""
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     dev = case.device
     if not dev.has_power_sensor:
         raise ValueError(f"placement: {dev.name} has no thermal model (no sensor); give a measured run directory")
-    dpn = min(case.devices_per_node, case.world)
-    mean_w = float(predict(case, cal).metrics["power_mean_w"])
-    stats: list[SlotStats] = []
-    speed: dict[str, float | None] = {}
-    for s in range(dpn):
-        limit = slot_power_limit_w(dev, dpn, s)
-        v = 1.0
-        if limit is not None and mean_w > limit > dev.idle_w:
-            v = ((limit - dev.idle_w) / (mean_w - dev.idle_w)) ** (1 / cal.coefficients.power_clock_exponent)
-        t = slot_temperature_c(dev, dpn, s, min(mean_w, limit) if limit else mean_w, mean_w)
-        stats.append(SlotStats(f"gpu{s}", 0, t, t, None, 1.0 if v < 1 else 0.0, mean_w, None))
-        speed[f"gpu{s}"] = v
-    return SlotProfile(f"predicted ({dev.name}, {dpn} slots, {mean_w:.0f} W mean per GPU)", stats, speed,
-                       "estimate: the predictor's slot thermal model (clock a slot's thermal power limit allows)")
+    pred = predict(case, cal)
+    slots = pred.breakdown.get("slots") or []
+    hottest = max(slots, key=lambda s: s["end_c"])
+    node = [s for s in slots if s["first_node"] == hottest["first_node"]]
+    fastest = max(s["clock"] for s in node)
+    stats = [SlotStats(s["slot"], 0, s["end_c"], s["end_c"], s["clock_mhz"],
+                       1.0 if s["throttled"] else float(s["throttle_share_power_cap"]), s["power_w"], None) for s in node]
+    speed: dict[str, float | None] = {s["slot"]: s["clock"] / fastest for s in node}
+    mean_w = float(pred.metrics["power_mean_w"])
+    return SlotProfile(f"predicted ({dev.name}, {len(node)} slots, {mean_w:.0f} W mean per GPU)", stats, speed,
+                       "estimate: the predictor's per-slot clocks (power limit, thermal slowdown)")
 
 
 def synthetic_profile(speeds: dict[str, float]) -> SlotProfile:

@@ -28,9 +28,11 @@ class CapPoint:
     node_j_per_token: float | None  # devices + host per node (estimate)
     power_peak_w: float | None
     node_peak_w: float | None
-    clock_factor: float  # clock the cap allows ÷ full clock (power-cap throttling)
-    throttle_share: float | None  # share of a node's GPUs predicted to throttle thermally
+    clock_factor: float  # the lowest stage clock the cap allows ÷ full clock (power-cap throttling)
+    throttle_share: float | None  # share of device time thermally slowed
     temp_peak_c: float | None
+    capped_share: float | None = None  # share of device time the cap holds the clock
+    clock_mhz: float | None = None  # mean SM clock
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -57,10 +59,14 @@ def cap_sweep(case: Case, calibration: Calibration | str | None = None,
         tokens = case.global_batch * case.seq_len
         node_e = bd.get("node_energy_per_step_j")
         peak = m["power_peak_w"]
+        phys = p.physics
+        sustained = phys.peaks["average"].power_w if phys is not None else None  # a node budget is over seconds
         out.append(CapPoint(cap, m["tokens_per_s"], m["j_per_token"],
                             node_e / tokens if node_e is not None else None, peak,
-                            node_power_w(dpn * peak, 1, cal.coefficients) if peak is not None else None,
-                            float(bd.get("clock_factor_power_limit", 1.0)), m["throttle_share"], m["temp_peak_c"]))
+                            node_power_w(dpn * sustained, 1, case.device, ranks_per_node=dpn)
+                            if sustained is not None else None,
+                            float(bd.get("clock_factor_power_limit") or 1.0), m["throttle_share_thermal_sw"],
+                            m["temp_peak_c"], m["throttle_share_power_cap"], m["clock_sm_mean_mhz"]))
     return out
 
 

@@ -10,15 +10,14 @@ they are refused before anything is enumerated, with the nearest feasible change
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import get_args
 
 from pydantic import ValidationError
 
 from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
-from powertrain.predict.calibration import Coefficients
-from powertrain.predict.power import node_power_w
+from powertrain.predict.node_power import nodes_power, undescribed
 from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
 from powertrain.spec.run import Precision
@@ -140,8 +139,10 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
                  precision: str | None = None, engine: str | None = None,
                  constraints: Constraints = Constraints(), objective: Objective = Objective(),
                  power_caps: list[float] | None = None, clock_locks: list[float] | None = None,
-                 max_vp: int = 8) -> Request:
-    """Check the inputs (one-line ``ValueError`` per bad field) and build the :class:`Request`."""
+                 max_vp: int = 8, max_sm_clock_mhz: float | None = None) -> Request:
+    """Check the inputs (one-line ``ValueError`` per bad field) and build the :class:`Request`.
+    ``max_sm_clock_mhz``: the GPUs' maximum SM clock where the catalog has none (or the user's differs): clock
+    locks are fractions of it."""
     m = load_model(model, seq_len)
     try:
         dev = get_device(device)
@@ -182,6 +183,8 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
                          "use --objective throughput or time")
     _check_objective_inputs(objective)
     _check_limits(dev, constraints)
+    if dev.has_power_sensor:
+        _check_node_power(dev, constraints, objective.kind)
     if not 0 <= constraints.mem_headroom < 1:
         raise ValueError("--mem-headroom is a share of device memory: give 0 ≤ it < 1 (e.g. 0.1)")
     locks = tuple(clock_locks or ())
@@ -190,6 +193,14 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
             raise ValueError(f"--clock-locks {r:g}: give fractions of the maximum SM clock, 0.1 ≤ f < 1")
     if locks and not dev.has_power_sensor:
         raise ValueError(f"--clock-locks: {dev.name} has no clock control; drop the option for a CPU")
+    if max_sm_clock_mhz is not None:
+        dev = replace(dev, max_sm_clock_mhz=float(max_sm_clock_mhz))  # the user's GPUs, over the catalog's
+    if locks and dev.max_sm_clock_mhz is None:
+        # the predictor runs a lock as a clock (knobs.sm_clock_mhz ÷ the maximum): without the maximum a fraction
+        # has no clock, and searching it would predict the unlocked GPU under the lock's name
+        raise ValueError(f"--clock-locks: the catalog does not know {dev.name}'s maximum SM clock, so a fraction of "
+                         "it cannot be predicted; give --max-sm-clock-mhz MHZ (nvidia-smi -q -d CLOCK, Max Clocks), "
+                         "or search power caps (--power-caps)")
     return Request(model=m, device_name=device, device=dev, nodes=nodes, devices_per_node=gpus // nodes,
                    global_batch=global_batch, precision=prec, engine=eng, constraints=constraints,
                    objective=objective, power_caps=_caps(dev, power_caps, constraints.power_cap_w,
@@ -233,26 +244,37 @@ def _check_limits(dev: DeviceSpec, c: Constraints) -> None:
                              f"it; drop {option} for a CPU")
 
 
+def _check_node_power(dev: DeviceSpec, c: Constraints, objective: str | None = None) -> None:
+    """Refuse a node or rack limit (or a cost objective) where the node's power is unknown: the catalog describes
+    no host for the device's node, so every candidate's node power would be unknown and the limit would pass all."""
+    why = undescribed(dev.node, dev.cooling, dev.name)
+    if why is None:
+        return
+    for option, on in (("--node-kw", c.node_kw is not None), ("--rack-kw", c.rack_kw is not None),
+                       ("--objective cost", objective == "cost")):
+        if on:
+            raise ValueError(f"{option}: {why}; or drop {option}")
+
+
 def _power_matters(c: Constraints, o: Objective) -> bool:
     return o.kind in ("energy", "cost", "pareto") or c.node_kw is not None or c.rack_kw is not None or \
         c.max_temp_c is not None or c.no_throttle
 
 
-def idle_node_w(req: Request, coef: Coefficients) -> float:
-    """What one node draws at the wall doing nothing: its devices' idle power plus the host."""
-    return node_power_w(req.devices_per_node * req.device.idle_w, 1, coef)
-
-
-def impossible(req: Request, coef: Coefficients) -> str | None:
+def impossible(req: Request) -> str | None:
     """Why no configuration can satisfy ``req`` (one line with the nearest feasible change), or None."""
     c = req.constraints
     if not req.device.has_power_sensor:
         return None
-    idle = idle_node_w(req, coef)
+    # what one node draws at the wall doing nothing: its devices' idle power and its idle host (node_power_w's formula)
+    idle_node = nodes_power(req.devices_per_node * req.device.idle_w, 1, req.device,
+                            ranks_per_node=req.devices_per_node, training=False)
+    # (an undescribed node has no idle draw: make_request refused node and rack limits on it)
+    idle = idle_node.ac_w if idle_node.ac_w is not None else -math.inf
     if c.node_kw is not None and c.node_kw * 1000 <= idle:
         return (f"--node-kw {c.node_kw:g}: below one node's idle draw ({idle / 1000:.2f} kW: "
-                f"{req.devices_per_node} × {req.device.idle_w:g} W idle + {coef.host_w_per_node:g} W host, "
-                f"at {coef.psu_efficiency:.0%} power-supply efficiency); "
+                f"{req.devices_per_node} × {req.device.idle_w:g} W idle + {idle_node.host_w or 0:.0f} W idle host, "
+                f"at {idle_node.psu_efficiency or 0:.0%} power-supply efficiency); "
                 f"raise it above {idle / 1000:.2f} kW or use fewer GPUs per node")
     per_rack = c.nodes_per_rack or req.nodes
     if c.rack_kw is not None and c.rack_kw * 1000 <= idle * per_rack:

@@ -43,11 +43,12 @@ class Point:
     power_mean_w: float | None
     node_peak_w: float | None
     temp_peak_c: float | None
-    throttle_share: float | None
+    throttle_share: float | None  # share of device time thermally slowed (what --no-throttle refuses)
     mem_bytes: float
     mfu: float
     step_s: float
     score: float = 0.0
+    capped_share: float | None = None  # share of device time the power limit holds the clock
     anchor: float = 1.0  # measured/predicted tokens/s of the profile's runs of this family (1: not anchored)
 
 
@@ -93,9 +94,14 @@ def throughput_interval(pred: Prediction, is_moe: bool) -> tuple[float, float, s
 def _point(cand: Candidate, pred: Prediction, req: Request, c: Coefficients) -> Point:
     m = pred.metrics
     peak = m["power_peak_w"]
-    node = node_power_w(req.devices_per_node * peak, 1, c) if peak is not None else None
+    # a node's budget is a breaker's, over seconds: the 1 s field's peak, not the instantaneous field's overshoot
+    phys = pred.physics
+    sustained = phys.peaks["average"].power_w if phys is not None else None
+    node = node_power_w(req.devices_per_node * sustained, 1, req.device, ranks_per_node=req.devices_per_node) \
+        if sustained is not None else None
     return Point(cand, m["tokens_per_s"], m["j_per_token"], peak, m["power_mean_w"], node, m["temp_peak_c"],
-                 m["throttle_share"], m["mem_per_device_bytes"], m["mfu"], m["step_time_mean_s"])
+                 m["throttle_share_thermal_sw"], m["mem_per_device_bytes"], m["mfu"], m["step_time_mean_s"],
+                 capped_share=m["throttle_share_power_cap"])
 
 
 def violates(p: Point, req: Request) -> str | None:
@@ -126,7 +132,9 @@ def score(p: Point, req: Request, c: Coefficients) -> float:
     # cost: GPU-hours plus the energy of the whole nodes (devices' mean power + host, at the wall) over the run;
     # make_request refuses a cost objective on a device without a power model, so the power is known here
     assert p.power_mean_w is not None
-    node_w = node_power_w(p.power_mean_w * req.world, req.nodes, c)
+    node_w = node_power_w(p.power_mean_w * req.world, req.nodes, req.device, ranks_per_node=req.devices_per_node)
+    # make_request refuses a cost objective on a node whose host the catalog does not describe
+    assert node_w is not None
     return seconds / 3600 * req.world * (o.gpu_hour_price or 0) + node_w * seconds / 3.6e6 * (o.kwh_price or 0)
 
 
@@ -161,7 +169,7 @@ def advise(req: Request, calibration: Calibration | str | None = None, top_n: in
     (:mod:`powertrain.advise.anchors`)."""
     t0 = time.perf_counter()
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    why = impossible(req, cal.coefficients)
+    why = impossible(req)
     if why:
         raise NoFeasibleLayout(why)
     stats = SpaceStats()

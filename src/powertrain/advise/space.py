@@ -19,13 +19,9 @@ trainer only (:data:`TRAINER_ONLY_RULES`) do not reject. Memory is checked with 
 :func:`~powertrain.predict.memory_per_device` per structure × memory knobs (overlap and power do not
 change it), against capacity × (1 − headroom). Only survivors become :class:`Candidate` s.
 
-A clock lock is modelled as the power cap that gives the same compute clock
-(:func:`powertrain.predict.power.clock_factor` inverted): the predictor's power model has the
-clock as its only free variable, so the two are the same point for it. That is an estimate: a real
-lock also lowers the memory-bound phases' power, which this model does not see. A locked GPU under
-a power limit (the site's ``--power-cap``, else the default limit) runs at the lower of the two
-clocks, so a lock is searched only where it sets the clock below what that limit allows; above it,
-the lock predicts exactly like the limit alone.
+A clock lock is predicted as a lock (``Case.sm_clock_mhz``): the predictor's governor
+(:mod:`powertrain.predict.governor`) runs a locked GPU at the lower of the lock's clock and what its power
+limit (the site's ``--power-cap``, else the default limit) allows, stage by stage.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ from typing import Any
 from powertrain.advise.request import Request
 from powertrain.predict import Calibration, Case, Coefficients, memory_per_device
 from powertrain.predict.case import case_from_run_config
-from powertrain.predict.power import clock_exponent, phase_powers
 from powertrain.spec.layout import Layout
 from powertrain.spec.run import Hardware, Knobs, RunConfig, spec_precision
 from powertrain.spec.validate import TRAINER_ONLY_RULES, validate
@@ -152,23 +147,18 @@ def _overlaps(lay: dict[str, Any], dist: bool, engine: str = "megatron") -> list
             for a in tp for b in dp for f in fs for g in pg]
 
 
-def lock_as_cap(req: Request, c: Coefficients, ratio: float) -> float:
-    """The power cap at which the model's compute clock is ``ratio`` of the maximum (see module doc):
-    :func:`~powertrain.predict.power.clock_factor` inverted, ``L = idle + (P_c − idle)·r^α``."""
-    dev = req.device
-    p_c = phase_powers(dev, c)[0]
-    return dev.idle_w + (p_c - dev.idle_w) * ratio ** clock_exponent(c)
-
-
 PowerPoint = tuple[float | None, float | None, bool]  # (power cap, clock lock, predicted: not a repeat)
 
 
-def _power_points(req: Request, c: Coefficients) -> list[PowerPoint]:
+def _power_points(req: Request) -> list[PowerPoint]:
     """(power cap, clock lock, predicted) points. A point that predicts exactly like one before it has
-    ``predicted`` False: it is counted (:attr:`SpaceStats.same_as_uncapped`), not predicted again."""
-    top = min(req.device.tdp_w, phase_powers(req.device, c)[0])  # a limit at or above this lowers no clock
+    ``predicted`` False: it is counted (:attr:`SpaceStats.same_as_uncapped`), not predicted again.
+
+    A cap at or above the device's default limit is the uncapped point. A clock lock is predicted as what it is
+    (the predictor's governor runs the GPU at the lower of the lock's clock and what the limit — the site's
+    ``--power-cap``, else the default — allows); a lock at the maximum clock is the limit's own point."""
+    top = req.device.tdp_w
     site = req.constraints.power_cap_w
-    limit = top if site is None else min(top, site)
     seen: set[float | None] = set()
     pts: list[PowerPoint] = []
     for cap in req.power_caps:
@@ -176,12 +166,7 @@ def _power_points(req: Request, c: Coefficients) -> list[PowerPoint]:
         pts.append((cap, None, same not in seen))
         seen.add(same)
     for r in req.clock_locks:
-        # A locked GPU under a power limit runs at the lower of the two clocks: the lock caps the clock from
-        # above and the limit's power controller lowers it further when the draw reaches the limit. In the
-        # model each is a cap on the compute phase's draw, so the lower clock is the lower cap. A lock at or
-        # above the limit's clock is the limit's own point (the site cap's candidates already hold it).
-        cap = min(lock_as_cap(req, c, r), limit)
-        pts.append((cap, r, cap < limit))
+        pts.append((site, r, r < 1.0))
     return pts
 
 
@@ -211,7 +196,7 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
     """
     st = stats if stats is not None else SpaceStats()
     coeffs = calibration.coefficients
-    power = _power_points(req, coeffs)
+    power = _power_points(req)
     n_power = len(power)
     capacity = req.device.memory_bytes * (1 - req.constraints.mem_headroom)
     base: Case | None = None
@@ -232,6 +217,9 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
                 continue
             if base is None:
                 base = case_from_run_config(cfg, calibration=calibration)
+                top_mhz = req.device.max_sm_clock_mhz  # the user's --max-sm-clock-mhz, where given
+                if top_mhz != base.device.max_sm_clock_mhz:
+                    base = replace(base, device=replace(base.device, max_sm_clock_mhz=top_mhz))
             layout = cfg.layout.resolve(req.world)
             for (rc, dist), n_ov in zip(knob_vars, per_mem, strict=True):
                 case = _with(base, req, lay, mb, rc, dist)
@@ -253,7 +241,9 @@ def enumerate_candidates(req: Request, calibration: Calibration, stats: SpaceSta
                             st.same_as_uncapped += 1
                             continue
                         st.kept += 1
-                        yield Candidate(replace(case, power_limit_w=cap, **ov), layout, lock)
+                        top = req.device.max_sm_clock_mhz  # known wherever a lock is searched (Request refuses)
+                        locked = lock * top if lock is not None and top else None
+                        yield Candidate(replace(case, power_limit_w=cap, sm_clock_mhz=locked, **ov), layout, lock)
 
 
 def knob_rules(req: Request, cfg: RunConfig, lay: dict[str, Any], rc: str, dist: bool, ov: dict[str, Any],
@@ -284,12 +274,15 @@ def _with(base: Case, req: Request, lay: dict[str, Any], mb: int, rc: str, dist:
                    vp=lay["virtual_stages"], pp_split="even", micro_batch=mb, global_batch=req.global_batch,
                    recompute=rc, distributed_optimizer=dist, owner_broadcast_optimizer=req.engine == "builtin",
                    precision=req.precision,
-                   devices_per_node=req.devices_per_node, measured_steps=1)
+                   devices_per_node=req.devices_per_node, measured_steps=1,
+                   # the stack the advice is for (a RunConfig's case is powertrain's own trainer's): its kernels'
+                   # memory traffic, attention kernel and step's fixed time (predict/engines.py)
+                   engine=req.engine, attention_kernel="flash2" if req.engine == "builtin" else "fused")
 
 
 def count_space(req: Request, coeffs: Coefficients) -> int:
     """How many candidates :func:`enumerate_candidates` will enumerate (for a progress bar's total)."""
-    n_power = len(_power_points(req, coeffs))
+    n_power = len(_power_points(req))
     total = 0
     for lay in structures(req):
         local = req.global_batch // lay["dp"] if req.global_batch % lay["dp"] == 0 else 0

@@ -58,7 +58,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
     nodes_per_rack: Annotated[int | None, typer.Option("--nodes-per-rack", min=1, help="Nodes sharing --rack-kw "
                                                                                         "(default: all).")] = None,
     max_temp: Annotated[float | None, typer.Option("--max-temp", help="Hottest GPU may reach this (°C).")] = None,
-    no_throttle: Annotated[bool, typer.Option("--no-throttle", help="Refuse layouts predicted to throttle.")] = False,
+    no_throttle: Annotated[bool, typer.Option("--no-throttle", help="Refuse layouts predicted to slow any GPU thermally (power capping, which most large GEMMs on Hopper are under, is not refused: it is the 'capped' column).")] = False,
     mem_headroom: Annotated[float, typer.Option("--mem-headroom", help="Share of device memory to keep free.")] = 0.0,
     power_caps: Annotated[str | None, typer.Option("--power-caps", help="Power caps to search, W (default with an "
                                                                         "energy objective or a power limit: "
@@ -73,8 +73,9 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                   "(print flags; with --json, in the JSON). "
                                                                   "Repeatable.")] = None,
     max_sm_clock_mhz: Annotated[int | None, typer.Option("--max-sm-clock-mhz", min=1, max=100_000, help=(
-        "The GPUs' maximum SM clock (MHz; nvidia-smi -q -d CLOCK, Max Clocks), so --emit writes an advised "
-        "--clock-locks fraction as knobs.sm_clock_mhz (default: the catalog's, where it has one)."))] = None,
+        "The GPUs' maximum SM clock (MHz; nvidia-smi -q -d CLOCK, Max Clocks): --clock-locks are fractions of it, "
+        "predicted as that clock and written by --emit as knobs.sm_clock_mhz (default: the catalog's, where it "
+        "has one)."))] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Folder for the advice report (report.html, figures/, advice.json).")] = None,
     placement: Annotated[Path | None, typer.Option("--placement", help="Measured or imported run directory "
                                                                        "(per-slot profile → stage placement), or "
@@ -111,10 +112,10 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                     mem_headroom=mem_headroom),
             objective=Objective(objective, tokens, gpu_hour_price, kwh_price),
             power_caps=_floats(power_caps, "--power-caps"), clock_locks=_floats(clock_locks, "--clock-locks"),
-            max_vp=max_vp)
+            max_vp=max_vp, max_sm_clock_mhz=max_sm_clock_mhz)
     except ValueError as exc:
         fail(str(exc))
-    _check_clock_emit(req.clock_locks, emit or [], max_sm_clock_mhz, req.device.max_sm_clock_mhz)
+    _check_clock_emit(req.clock_locks, max_sm_clock_mhz)
     if max_sm_clock_mhz is None and req.device.max_sm_clock_mhz is not None:
         max_sm_clock_mhz = int(req.device.max_sm_clock_mhz)  # the catalog's, when the user gives none
     cal = _calibration(profile)
@@ -136,18 +137,11 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
         _print_json(adv, doc, emitted, html)
 
 
-def _check_clock_emit(locks: tuple[float, ...], emit: list[str], max_mhz: int | None,
-                      catalog_mhz: float | None = None) -> None:
-    """--max-sm-clock-mhz is read only to write a clock lock out; a spec written without it (or the catalog's
-    maximum for the device) would drop the lock, so a spec target with --clock-locks needs one."""
+def _check_clock_emit(locks: tuple[float, ...], max_mhz: int | None) -> None:
+    """--max-sm-clock-mhz is what --clock-locks are fractions of: without locks it is read by nothing. (A lock on
+    a GPU whose maximum is unknown is refused by the request: it could be neither predicted nor written.)"""
     if max_mhz is not None and not locks:
         fail("--max-sm-clock-mhz converts --clock-locks fractions to MHz: add --clock-locks or drop it")
-    if max_mhz is not None and not emit:
-        fail("--max-sm-clock-mhz is read by --emit (it writes the advised clock lock): add --emit FILE.yaml or drop it")
-    if locks and max_mhz is None and catalog_mhz is None and any(t.endswith((".yaml", ".yml")) for t in emit):
-        fail("--emit FILE.yaml with --clock-locks: the catalog does not know this GPU's maximum SM clock; give "
-             "--max-sm-clock-mhz MHZ (nvidia-smi -q -d CLOCK, Max Clocks) so an advised lock is written as "
-             "knobs.sm_clock_mhz")
 
 
 def _calibration(profile: str) -> Calibration:
@@ -188,7 +182,8 @@ def _search(req: Any, cal: Calibration, top: int, quiet: bool, anchors: bool = T
 
 
 _COLS = (("tok/s", "{:,.0f}"), ("interval", "{}"), ("MFU", "{:.1%}"), ("J/tok", "{:.3g}"), ("W peak", "{:.0f}"),
-         ("W mean", "{:.0f}"), ("hottest", "{}"), ("throttle", "{:.0%}"), ("GiB/GPU", "{:.1f}"))
+         ("W mean", "{:.0f}"), ("MHz", "{:.0f}"), ("capped", "{:.0%}"), ("hottest", "{}"), ("hot-thr", "{:.0%}"),
+         ("GiB/GPU", "{:.1f}"))
 
 
 def _row(r: Any) -> list[str]:
@@ -197,7 +192,8 @@ def _row(r: Any) -> list[str]:
     hot = f"{m['hottest_slot']} {m['temp_peak_c']:.0f}°C" if m.get("temp_peak_c") is not None else None
     p = r.point  # tokens/s, MFU, J/token as ranked (anchored where the profile measured the family)
     vals = (p.tokens_per_s, f"{lo:,.0f}–{hi:,.0f}", p.mfu, p.j_per_token, m["power_peak_w"],
-            m["power_mean_w"], hot, m["throttle_share"], m["mem_per_device_bytes"] / 2**30)
+            m["power_mean_w"], m.get("clock_sm_mean_mhz"), m.get("throttle_share_power_cap"), hot,
+            m.get("throttle_share_thermal_sw"), m["mem_per_device_bytes"] / 2**30)
     return ["—" if v is None else f.format(v) for (_, f), v in zip(_COLS, vals, strict=True)]
 
 
@@ -241,16 +237,22 @@ def _print_power(adv: Advice, cal: Calibration) -> None:
     from dataclasses import replace
 
     pts = cap_sweep(replace(case, power_limit_w=None), cal)
-    k, kn = knee(pts), knee(pts, node=True)
+    k = knee(pts)
+    known = any(p.node_j_per_token is not None for p in pts)
+    kn = knee(pts, node=True) if known else None
+    host = (f"counting the host, at {_cap(kn.cap_w)} ({kn.node_j_per_token:.3g} J/tok)" if kn is not None else
+            "node power unknown (the hardware catalog describes no host for this node)")
     out.print(f"[bold]power caps for #1[/] (estimates): lowest J/token at {_cap(k.cap_w)} "
-              f"({k.j_per_token:.3g} J/tok, {k.tokens_per_s:,.0f} tok/s); counting the host, at {_cap(kn.cap_w)} "
-              f"({kn.node_j_per_token:.3g} J/tok)")
+              f"({k.j_per_token:.3g} J/tok, {k.tokens_per_s:,.0f} tok/s); {host}")
     t = Table(show_edge=False)
-    for col in ("cap", "tok/s", "J/tok", "node J/tok", "clock", "node peak kW", "throttled GPUs", "hottest °C"):
+    for col in ("cap", "tok/s", "J/tok", "node J/tok", "clock", "MHz", "capped", "node peak kW", "hot-thr", "hottest °C"):
         t.add_column(col, justify="right")
     for p in pts:
-        t.add_row(_cap(p.cap_w), f"{p.tokens_per_s:,.0f}", f"{p.j_per_token:.3g}", f"{p.node_j_per_token:.3g}",
-                  f"{p.clock_factor:.0%}", f"{(p.node_peak_w or 0) / 1000:.2f}", f"{p.throttle_share:.0%}",
+        t.add_row(_cap(p.cap_w), f"{p.tokens_per_s:,.0f}", f"{p.j_per_token:.3g}",
+                  "unknown" if p.node_j_per_token is None else f"{p.node_j_per_token:.3g}", f"{p.clock_factor:.0%}",
+                  "—" if p.clock_mhz is None else f"{p.clock_mhz:.0f}",
+                  "—" if p.capped_share is None else f"{p.capped_share:.0%}",
+                  "unknown" if p.node_peak_w is None else f"{p.node_peak_w / 1000:.2f}", f"{p.throttle_share:.0%}",
                   f"{p.temp_peak_c:.0f}")
     out.print(t)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -28,8 +29,13 @@ err = Console(stderr=True, soft_wrap=True)
 
 _COLS = (("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}"), ("step_time_mean_s", "step s", "{:.3g}"),
          ("power_mean_w", "W mean", "{:.0f}"), ("power_peak_w", "W peak", "{:.0f}"), ("j_per_token", "J/tok", "{:.3g}"),
-         ("temp_peak_c", "°C peak", "{:.0f}"), ("hottest_slot", "hottest", "{}"), ("throttle_share", "throttle", "{:.0%}"),
-         ("mem_per_device_bytes", "GiB/dev", "{:.3g}"))
+         ("clock_sm_mean_mhz", "MHz", "{:.0f}"), ("throttle_share_power_cap", "capped", "{:.0%}"),
+         ("throttle_share_thermal_sw", "hot-thr", "{:.0%}"), ("temp_peak_c", "°C peak", "{:.0f}"),
+         ("hottest_slot", "hottest", "{}"), ("link_bw_share", "NVLink", "{:.0%}"), ("mem_per_device_bytes", "GiB/dev", "{:.3g}"))
+PEAK_NOTE = ("W peak: the instantaneous field (power_w, a ~25 ms average refreshed every 100 ms) as a 20 Hz sampler "
+             "records it over the measured window; capped / hot-thr: share of device time power-capped / thermally "
+             "slowed; MHz: mean SM clock; NVLink: bytes sent ÷ step ÷ NVLink bandwidth. --json has every field's peak "
+             "(breakdown.power.peaks) and each slot's clock and temperature (breakdown.slots).")
 
 
 def _fmt(key: str, fmt: str, v: Any) -> str:
@@ -47,6 +53,7 @@ def predict_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Write each prediction as a run directory here.")] = None,
     study: Annotated[bool, typer.Option("--study", help="Predict the study's 32×H200 and 64×H100 matrices.")] = False,
     figure: Annotated[Path | None, typer.Option("--figure", help="With --study: write the cluster comparison (PNG+SVG) to this stem.")] = None,
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="Draw the first configuration's power over a few steps at ≤ 1 ms, with what a 20 Hz sampler would record (PNG+SVG), to this stem.")] = None,
     hardware: Annotated[list[Path] | None, typer.Option("--hardware", help="Extra hardware catalog YAML (repeatable), added after $POWERTRAIN_HARDWARE's files; a later entry of the same name wins.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON lines (one object per line).")] = False,
     force: Annotated[bool, typer.Option("--force", help="With --out: replace earlier predictions there (never a "
@@ -72,6 +79,8 @@ def predict_cmd(
       powertrain predict sweep.yaml --out results/predicted
 
       powertrain predict --study --figure results/study-clusters
+
+      powertrain predict examples/run-llama-1gpu.yaml --timeline results/llama-1gpu-power
     """
     _check_options(spec, study, figure, out_dir, force)
     if hardware:
@@ -92,6 +101,8 @@ def predict_cmd(
         _print_table(results, cal, elapsed)
     if study and figure is not None:
         _write_figure(results, figure)
+    if timeline is not None and results:
+        _write_timeline(results[0], timeline)
 
 
 def _check_options(spec: Path | None, study: bool, figure: Path | None, out_dir: Path | None, force: bool) -> None:
@@ -245,6 +256,8 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
                       "—" if iv is None else f"{iv[0]:,.0f}–{iv[1]:,.0f}",
                       "yes" if pred.fits else "[red]no[/]")
     out.print(table)
+    if any(p.metrics.get("power_peak_w") is not None for _, p in results):
+        out.print(PEAK_NOTE)
     errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items()
                        if isinstance(v, float) and "mape" in k) or "not validated"
     out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
@@ -313,6 +326,20 @@ def heldout_note(error: dict[str, Any], arch: str) -> str | None:
         return ("note: the MoE rows' interval comes from one source's held-out errors (every MoE run this profile "
                 "was validated on is from one source), so whether it holds 80 % of new MoE runs is not checked")
     return None
+
+
+def _write_timeline(result: tuple[RunConfig, Prediction], stem: Path) -> None:
+    from powertrain.predict.figures import plot_step_timeline
+
+    cfg, pred = result
+    if pred.physics is None:
+        err.print(f"note: --timeline: {cfg.name} runs on {pred.breakdown['device']}, which has no power model (no "
+                  "sensor): no timeline drawn")
+        return
+    step = pred.metrics["step_time_mean_s"]
+    # ≥ 2.5 s where the step allows, so the 1 s average field has updates to draw; at most 40 steps
+    for p in plot_step_timeline(pred, stem, steps=max(1, min(40, math.ceil(2.5 / step))) if step else 1):
+        out.print(f"wrote {p}")
 
 
 def _write_figure(results: Results, figure: Path) -> None:

@@ -66,7 +66,8 @@ def _top_rows(adv: Advice) -> list[list[Any]]:
         rows.append([i, r.point.cand.label(), f("tokens_per_s", "{:,.0f}"),
                      f"{r.interval[0]:,.0f}–{r.interval[1]:,.0f}", f("mfu", "{:.1%}"), f("j_per_token", "{:.3g}"),
                      f("power_peak_w", "{:.0f}"), f("power_mean_w", "{:.0f}"),
-                     f"{m.get('hottest_slot') or '—'} {f('temp_peak_c', '{:.0f}')}", f("throttle_share", "{:.0%}"),
+                     f"{m.get('hottest_slot') or '—'} {f('temp_peak_c', '{:.0f}')}",
+                     f"{f('throttle_share_power_cap', '{:.0%}')} / {f('throttle_share_thermal_sw', '{:.0%}')}",
                      f"{m['mem_per_device_bytes'] / 2**30:.1f}"])
     return rows
 
@@ -85,7 +86,7 @@ def write_advice_html(adv: Advice, out: Path, calibration: Calibration, force: b
           f"{st.rejected_memory:,} did not fit in memory, {st.kept:,} predicted, {len(adv.points):,} within the limits.")
     rep.h("Top configurations (predicted)")
     rep.table(["#", "configuration", "tok/s", "interval", "MFU", "J/tok", "W peak", "W mean", "hottest °C",
-               "throttle", "GiB/GPU"], _top_rows(adv))
+               "capped / hot-thr", "GiB/GPU"], _top_rows(adv))
     rep.p(f"Interval: {adv.top[0].interval[2]}")
     rep.h("Why #1 beats #2")
     rep.raw("<pre>" + "\n".join(_esc(x) for x in adv.explanation) + "</pre>")
@@ -98,10 +99,11 @@ def write_advice_html(adv: Advice, out: Path, calibration: Calibration, force: b
         k = knee(pts)
         rep.h("Power caps for #1 (predicted)")
         rep.p(f"Lowest J/token at {'the default limit' if k.cap_w is None else f'{k.cap_w:.0f} W'}.")
-        rep.table(["cap W", "tok/s", "J/tok", "node J/tok", "clock", "node peak kW", "throttled GPUs", "hottest °C"],
+        rep.table(["cap W", "tok/s", "J/tok", "node J/tok", "clock", "node peak kW", "hot-thr", "hottest °C"],
                   [["default" if p.cap_w is None else f"{p.cap_w:.0f}", f"{p.tokens_per_s:,.0f}",
-                    f"{p.j_per_token:.3g}", f"{p.node_j_per_token:.3g}", f"{p.clock_factor:.0%}",
-                    f"{(p.node_peak_w or 0) / 1000:.2f}", f"{p.throttle_share:.0%}", f"{p.temp_peak_c:.0f}"]
+                    f"{p.j_per_token:.3g}", "unknown" if p.node_j_per_token is None else f"{p.node_j_per_token:.3g}",
+                    f"{p.clock_factor:.0%}", "unknown" if p.node_peak_w is None else f"{p.node_peak_w / 1000:.2f}",
+                    f"{p.throttle_share:.0%}", f"{p.temp_peak_c:.0f}"]
                    for p in pts])
     (out / "advice.json").write_text(json.dumps(as_dict(adv), default=str, indent=1))
     return rep.write()
