@@ -346,6 +346,8 @@ def _write_figure(results: Results, figure: Path) -> None:
     from powertrain.predict.figures import plot_cluster_comparison
     from powertrain.predict.study import StudyPoint
 
-    pts = [StudyPoint(c.name.split("/")[0], c.model.name, c.name, c, p) for c, p in results]
+    # the study's names are cluster/model/layout/variant/mb; a point's label is what follows the model, as
+    # predict_study labels it (the figure reads the layout from it)
+    pts = [StudyPoint(c.name.split("/")[0], c.model.name, c.name.split("/", 2)[2], c, p) for c, p in results]
     for p in plot_cluster_comparison(pts, figure):
         out.print(f"wrote {p}")
