@@ -133,6 +133,8 @@ WALK: dict[str, W] = {
     "sweep.launch.retry_backoff_s": {"wired": "tests/test_retries.py::test_a_failed_run_is_retried_with_doubling_back_off_and_every_attempt_kept"},
     **{f"sweep.launch.{f}": {"wired": "tests/test_slurm_injection.py::test_safe_values_pass_and_reach_the_script_as_written"}
        for f in ("partition", "account", "qos", "slurm_extra")},
+    "sweep.launch.pending_limit_min": {"wired": "tests/test_sweep_folder_safety.py::"
+                                                "test_a_job_pending_past_the_bound_is_cancelled_and_its_run_failed"},
     "sweep.launch.sampler_rate_hz": {"wired": HERE + "test_launch_options_reach_the_process_and_its_records"},
     "sweep.launch.memory_check": {"wired": "tests/test_planner.py::test_predicted_oom_is_rejected_by_default_with_a_fix"},
 }

@@ -38,11 +38,18 @@ class CapPoint:
         return dict(self.__dict__)
 
 
-def default_caps(case: Case, steps: int = 12) -> list[float | None]:
-    """The default limit and ``steps`` caps from the TDP down to 30 % above idle."""
+def default_caps(case: Case, steps: int = 12, site_cap: float | None = None) -> list[float | None]:
+    """The default limit and ``steps`` caps from the TDP down to 30 % above idle.
+
+    Under a ``site_cap`` below the TDP (``advise --power-cap``) the sweep starts at the site cap instead,
+    and no cap above it is tried: a knee there would recommend a limit the site does not allow."""
     dev = case.device
     lo = dev.idle_w + 0.3 * (dev.tdp_w - dev.idle_w)
-    return [None] + [round(dev.tdp_w - i * (dev.tdp_w - lo) / (steps - 1)) for i in range(steps)]
+    if site_cap is None or site_cap >= dev.tdp_w:
+        return [None] + [round(dev.tdp_w - i * (dev.tdp_w - lo) / (steps - 1)) for i in range(steps)]
+    lo = min(lo, site_cap)
+    caps = [round(site_cap - i * (site_cap - lo) / (steps - 1)) for i in range(1, steps)]
+    return list(dict.fromkeys([site_cap, *(c for c in caps if c < site_cap)]))
 
 
 def cap_sweep(case: Case, calibration: Calibration | str | None = None,

@@ -231,12 +231,13 @@ def _print_power(adv: Advice, cal: Calibration) -> None:
     """The knee of #1 over power caps, and the throttling it is predicted to have at each cap tried."""
     if not adv.request.device.has_power_sensor:
         return
-    from powertrain.advise.powercap import cap_sweep, knee
+    from powertrain.advise.powercap import cap_sweep, default_caps, knee
 
     case = adv.top[0].point.cand.case
     from dataclasses import replace
 
-    pts = cap_sweep(replace(case, power_limit_w=None), cal)
+    caps = default_caps(case, site_cap=adv.request.constraints.power_cap_w)  # none above --power-cap
+    pts = cap_sweep(replace(case, power_limit_w=None), cal, caps)
     k = knee(pts)
     known = any(p.node_j_per_token is not None for p in pts)
     kn = knee(pts, node=True) if known else None

@@ -23,6 +23,8 @@ def calibrate_cmd(
     output: Annotated[Path | None, typer.Option("--output", help="Write the profile YAML here instead of the user profile folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing profile of that name (never any other "
                                                         "file).")] = False,
+    allow_worse: Annotated[bool, typer.Option("--allow-worse", help="Write the profile even when it predicts the runs' "
+                                                                    "step time worse than its base profile does.")] = False,
 ) -> None:
     """Fit the model's efficiency, overlap and power coefficients to measured runs and store them.
 
@@ -47,6 +49,10 @@ def calibrate_cmd(
 
     NAME is a plain name (no path separators, not . or ..); an existing profile is replaced only with
     --force. In a sweep folder, a damaged run is skipped with one line (exit code 1 at the end).
+
+    A fit whose step-time error on the runs is larger than the base profile's on the same runs is not
+    written (exit code 2, one line with both errors): every later prediction with it would be worse than
+    with the base. --allow-worse writes it anyway.
     """
     from powertrain.cli.summarize import skipped_exit
     from powertrain.predict.calibrate import fit_calibration
@@ -60,6 +66,8 @@ def calibrate_cmd(
             raise ValueError("no measured runs found (predictions and failed runs are skipped)")
         _check_devices([Path(m.label) for m in measured], base)
         cal = fit_calibration(measured, name=name, base=base, params=_param_names(params))
+        if not allow_worse:
+            _check_not_worse(cal.error, base)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
@@ -82,6 +90,16 @@ def calibrate_cmd(
                   f"copy {rec['copy_bytes_per_s'] / 1e9:.1f} GB/s ({rec['how']})")
     out.print(f"profile {cal.name!r} written to {path}")
     skipped_exit(damaged)
+
+
+def _check_not_worse(error: dict[str, Any], base: str) -> None:
+    """Refuse (ValueError, one line with both errors) a fit that predicts its own runs' step time worse than the
+    base profile it started from; a difference below a millionth is rounding, not worse."""
+    fit, before = float(error["step_time_mape"]), float(error["step_time_mape_before"])
+    if fit > before * (1 + 1e-6) + 1e-12:
+        raise ValueError(f"the fit predicts these {error['n_runs']} runs' step time worse than the base profile "
+                         f"{base!r} does (step-time MAPE {fit:.2%} against {before:.2%}), so nothing was written; fit "
+                         "other coefficients (--params) or add runs, or pass --allow-worse to write it anyway")
 
 
 def _param_names(params: str | None) -> list[str] | None:
@@ -149,8 +167,10 @@ def _profile_target(name: str, output: Path | None, force: bool) -> Path:
 def _is_profile(path: Path) -> bool:
     import yaml
 
+    from powertrain.core.yamlfile import load_yaml
+
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"), path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(raw, dict) and "coefficients" in raw and "name" in raw

@@ -16,12 +16,13 @@ from rich.table import Table
 
 from powertrain.cli.plan import MAX_POINTS_HELP, fail, load_and_plan, nothing_valid, print_plan
 from powertrain.cli.root import app
-from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
+from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner, check_sweep_folder
 from powertrain.plan.planner import Plan
 from powertrain.plan.state import SweepLocked, SweepState
 from powertrain.plan.sweep_spec import SweepSpec
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS, control_char
 from powertrain.spec.slurm import directive_word
+from powertrain.store.targets import WriteRefused
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -78,7 +79,8 @@ def sweep_cmd(
     before the run's warm-up and restores the devices after it; it needs root on GPU nodes.
 
     A run spec is a sweep of one: how its protocol repeats, cool-down and idle baseline are applied.
-    launch.partition, account, qos and slurm_extra are refused where the sweep runs locally.
+    launch.partition, account, qos, slurm_extra (an allow-list of sbatch options) and pending_limit_min
+    (a job pending longer is cancelled, its run failed) are refused where the sweep runs locally.
 
     Example:  powertrain sweep examples/cpu-sweep.yaml --out results/cpu && powertrain report results/cpu
 
@@ -100,6 +102,7 @@ def sweep_cmd(
     if none:  # nothing is created; the line names the first reason, `powertrain plan` shows them all
         fail(f"{none} (`powertrain plan` lists every run)", code=1)
     _check_only(only, p)
+    _check_folder(folder, p)
     print_plan(p, console=err, show_all=False)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
@@ -116,9 +119,8 @@ def sweep_cmd(
     try:
         with Live(progress, console=err, refresh_per_second=2, transient=False):
             state = runner.run()
-    except (SweepLocked, SweepError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    except (SweepLocked, SweepError, WriteRefused) as exc:  # WriteRefused: a link planted in the folder
+        fail(str(exc))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -137,13 +139,25 @@ def sweep_cmd(
     raise typer.Exit(1 if failed or left else 0)
 
 
+def _check_folder(folder: Path, p: Plan) -> None:
+    """A link planted in the sweep folder is refused before anything is printed or written (the runner checks
+    again under its lock)."""
+    try:
+        check_sweep_folder(folder, [r.id for r in p.runs])
+    except WriteRefused as exc:
+        fail(str(exc))
+
+
 def _backend(spec: Path, sweep_spec: SweepSpec, backend: str | None) -> str:
     """--backend, else the spec's; the Slurm-only launch options are refused where the sweep runs locally."""
     chosen = backend or sweep_spec.launch.backend
     if chosen not in ("local", "slurm"):
         err.print("[red]error:[/] --backend must be local or slurm")
         raise typer.Exit(2)
-    slurm_only = [f"launch.{k}" for k in ("partition", "account", "qos", "slurm_extra") if getattr(sweep_spec.launch, k)]
+    launch = sweep_spec.launch
+    slurm_only = [f"launch.{k}" for k in ("partition", "account", "qos", "slurm_extra") if getattr(launch, k)]
+    if "pending_limit_min" in launch.model_fields_set:  # has a default: refused only when the spec sets it
+        slurm_only.append("launch.pending_limit_min")
     if chosen == "local" and slurm_only:  # the local backend starts no job: they would be accepted and ignored
         one = len(slurm_only) == 1
         fail(f"{spec}: {', '.join(slurm_only)} appl{'ies' if one else 'y'} to Slurm jobs, and this sweep runs "

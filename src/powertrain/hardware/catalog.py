@@ -21,8 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from powertrain.core.yamlfile import load_yaml
 from powertrain.hardware.host_probe import HostProbe, probe_host, rank_threads
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
@@ -378,7 +377,7 @@ def _sensor_and_transport(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text(), path) or {}
     except FileNotFoundError:
         raise FileNotFoundError(f"hardware file {path} does not exist") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("devices", {}), dict):

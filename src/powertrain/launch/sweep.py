@@ -11,6 +11,15 @@ every change.
 Before each run the protocol's gate is applied (wait ``cooldown_s``, or until the hottest device
 is at or below ``cooldown_until_temp_c``), and an idle baseline is recorded once per sweep when the
 protocol asks for one.
+
+A Slurm job still pending after ``launch.pending_limit_min`` is cancelled and its run marked failed
+saying so (:func:`_launch_slurm`); :class:`SlurmCommands` is the one place the sweep talks to Slurm.
+
+Every file the sweep writes into its folder (``sweep.json``, ``.lock``, ``.specs/*.yaml``,
+``.launch/*.sbatch|.jobid|.log``) takes the project's modes whatever the umask, and none is written
+through a symbolic link: :func:`check_sweep_folder` refuses a folder with a link where the sweep keeps
+its own files before anything is written, and every write refuses one again
+(:func:`powertrain.store.rundir.write_text_atomic`, :func:`~powertrain.store.rundir.open_append`).
 """
 
 from __future__ import annotations
@@ -38,10 +47,17 @@ from powertrain.spec.bounds import control_char
 from powertrain.spec.effective import as_single_run, sweep_protocol, unused_knobs
 from powertrain.spec.run import Protocol, RunConfig
 from powertrain.spec.slurm import check_name, check_option, directive_word, job_name
-from powertrain.store.rundir import RunDir
+from powertrain.store.rundir import RunDir, current_umask, make_dir, open_append, write_text_atomic
 from powertrain.store.tables import finalize_run_streams
+from powertrain.store.targets import SWEEP_FILES, SWEEP_FOLDERS, WriteRefused, refuse_link
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda out of memory", "oom-kill", "oom_kill", "memoryerror")
+# squeue states after which a job does no more (it leaves squeue's list MinJobAge later)
+JOB_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+             "PREEMPTED")
+# bits a job never grants whatever the user's umask (sbatch passes its umask on to the job, which
+# creates the job's output file and everything `powertrain run` writes): the project's 0640 / 0750
+JOB_UMASK = 0o027
 
 
 class SweepError(RuntimeError):
@@ -115,12 +131,29 @@ def apply_gate(protocol: Protocol, read_temp: Callable[[], float | None] = _max_
     return {"waited_s": time.monotonic() - t0, "reason": "cool-down time passed", "temp_c": temp}
 
 
+def sweep_subdir(folder: Path, name: str) -> Path:
+    """``folder/name`` (``.specs``, ``.launch``), created with the project's mode; a link there is refused."""
+    return make_dir(refuse_link(folder / name))
+
+
+def check_sweep_folder(folder: Path, run_ids: list[str]) -> None:
+    """Refuse (:class:`WriteRefused`, one line naming the path) a sweep folder holding a symbolic link where
+    the sweep keeps its own files — its state files and hidden folders, the files in ``.specs/`` and
+    ``.launch/``, a run directory — before anything is written: a resume would write through it."""
+    if not folder.is_dir():
+        return
+    for name in sorted(SWEEP_FILES | SWEEP_FOLDERS):
+        refuse_link(folder / name)
+    for name in (".specs", ".launch"):
+        if (folder / name).is_dir():
+            for entry in sorted((folder / name).iterdir()):
+                refuse_link(entry)
+    for run_id in run_ids:
+        refuse_link(folder / run_id)
+
+
 def _write_run_spec(folder: Path, run_id: str, config: dict[str, Any]) -> Path:
-    specs = folder / ".specs"
-    specs.mkdir(exist_ok=True)
-    path = specs / f"{run_id}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return write_text_atomic(sweep_subdir(folder, ".specs") / f"{run_id}.yaml", yaml.safe_dump(config, sort_keys=False))
 
 
 def _die_with_parent() -> None:
@@ -143,9 +176,12 @@ def _run_command(opts: SweepOptions, spec_path: Path, run_dir: Path) -> list[str
 def _launch_local(opts: SweepOptions, spec_path: Path, run_dir: Path, time_limit_s: float,
                   stop: Callable[[], bool]) -> str | None:
     """Run one run locally; returns a failure reason the run itself could not record, else None."""
-    log = run_dir.parent / ".launch" / f"{run_dir.name}.log"
-    log.parent.mkdir(exist_ok=True)
-    with open(log, "ab") as f:
+    log = sweep_subdir(run_dir.parent, ".launch") / f"{run_dir.name}.log"
+    try:
+        f = open_append(log)
+    except WriteRefused as exc:
+        return f"no log opened: {exc}"
+    with f:
         # Own process group (Ctrl-C is forwarded once, in order); dies with the sweep if it is killed.
         proc = subprocess.Popen(_run_command(opts, spec_path, run_dir), stdout=f, stderr=subprocess.STDOUT,
                                 process_group=0, preexec_fn=_die_with_parent)
@@ -219,35 +255,92 @@ def sbatch_script(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_
     return "\n".join(lines) + "\n"
 
 
+class SlurmCommands:
+    """The Slurm client commands a sweep runs (``sbatch``, ``squeue``, ``scancel``) and the clock it waits
+    by: the one boundary between the sweep and Slurm, which tests replace."""
+
+    def submit(self, script: Path) -> tuple[str | None, str]:
+        """(job id, "") for a submitted ``script``, or (None, why it was not)."""
+        try:
+            res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
+                                 umask=current_umask() | JOB_UMASK)
+        except FileNotFoundError:
+            return None, "sbatch not found: install Slurm's client tools or use --backend local"
+        if res.returncode != 0:
+            return None, f"sbatch refused the job: {res.stderr.strip()}"
+        return res.stdout.strip().split(";")[0], ""
+
+    def query(self, job: str) -> tuple[str, str] | None:
+        """(state, reason) of ``job`` as squeue shows them (``PENDING``, ``Resources``); None once it is gone."""
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T|%r"], capture_output=True, text=True)
+        state, _, reason = q.stdout.strip().partition("|")
+        return (state, reason) if q.returncode == 0 and state else None
+
+    def cancel(self, job: str, interrupt: bool = False) -> None:
+        """Cancel ``job``; ``interrupt``: send SIGINT to all its processes first (a run then records its end)."""
+        args = ["--signal=INT", "--full"] if interrupt else []
+        subprocess.run(["scancel", *args, job], capture_output=True)
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def pending_reason(job: str, waited_min: float, why: str, started_before: bool) -> str:
+    """The failure reason of a run whose job was cancelled after pending ``waited_min`` minutes."""
+    queue = f" (Slurm's reason: {why})" if why and why != "None" else ""
+    never = "was requeued and did not start again" if started_before else "never started"
+    return (f"Slurm job {job} {never}: still pending after {waited_min:g} min{queue}, so it was cancelled; "
+            "raise launch.pending_limit_min if the queue is that slow, or ask for fewer resources")
+
+
 def _launch_slurm(opts: SweepOptions, plan_launch: Any, config: RunConfig, spec_path: Path, run_dir: Path,
-                  time_limit_s: float, stop: Callable[[], bool]) -> str | None:
+                  time_limit_s: float, stop: Callable[[], bool], slurm: SlurmCommands | None = None) -> str | None:
+    """Run one run as a Slurm job and follow it; returns a failure reason the run itself could not record.
+
+    A job still ``PENDING`` ``launch.pending_limit_min`` after it was submitted (or requeued) is
+    cancelled: a held job, one waiting on a dependency or a begin time, or a queue that never frees
+    resources would otherwise keep the sweep waiting for ever."""
+    slurm = slurm or SlurmCommands()
     folder = run_dir.parent
-    (folder / ".launch").mkdir(exist_ok=True)
-    script = folder / ".launch" / f"{run_dir.name}.sbatch"
+    launch_dir = sweep_subdir(folder, ".launch")
     try:
         text = sbatch_script(opts, plan_launch, config, spec_path, run_dir, time_limit_s)
-    except SweepError as exc:
+        script = write_text_atomic(launch_dir / f"{run_dir.name}.sbatch", text)
+    except (SweepError, WriteRefused) as exc:
         return f"no batch script written: {exc}"
-    script.write_text(text)
+    job, refused = slurm.submit(script)
+    if job is None:
+        return refused
     try:
-        res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        return "sbatch not found: install Slurm's client tools or use --backend local"
-    if res.returncode != 0:
-        return f"sbatch refused the job: {res.stderr.strip()}"
-    job = res.stdout.strip().split(";")[0]
-    (folder / ".launch" / f"{run_dir.name}.jobid").write_text(job + "\n")
+        write_text_atomic(launch_dir / f"{run_dir.name}.jobid", job + "\n")
+    except WriteRefused as exc:
+        slurm.cancel(job)
+        return f"Slurm job {job} cancelled: its job id could not be recorded: {exc}"
+    limit_min = float(getattr(plan_launch, "pending_limit_min", 60.0))
+    pending_since: float | None = slurm.now()  # the job waits from its submission
+    started, state = False, ""
     while True:
-        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
-        state = q.stdout.strip()
-        if q.returncode != 0 or not state or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        seen = slurm.query(job)
+        state = seen[0] if seen else ""
+        if seen is None or state in JOB_ENDED:
             break
+        if state == "PENDING":
+            if pending_since is None:  # requeued after it ran: a new wait, bounded as the first
+                pending_since = slurm.now()
+            elif slurm.now() - pending_since > limit_min * 60:
+                slurm.cancel(job)
+                return pending_reason(job, limit_min, seen[1], started)
+        else:
+            pending_since, started = None, True
         if stop():
-            subprocess.run(["scancel", "--signal=INT", "--full", job], capture_output=True)
-            time.sleep(2)
-            subprocess.run(["scancel", job], capture_output=True)
+            slurm.cancel(job, interrupt=True)
+            slurm.sleep(2)
+            slurm.cancel(job)
             return "interrupted"
-        time.sleep(opts.poll_s)
+        slurm.sleep(opts.poll_s)
     if not RunDir(run_dir).exists():
         outs = sorted((folder / ".launch").glob(f"{run_dir.name}-*.out"))
         tail = outs[-1].read_text(errors="replace")[-1500:] if outs else "(no job output)"
@@ -268,8 +361,9 @@ class SweepRunner:
 
     def __init__(self, plan: Plan, folder: Path, opts: SweepOptions,
                  on_change: Callable[[SweepState, str | None], None] | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None, slurm: SlurmCommands | None = None) -> None:
         self.plan = plan
+        self.slurm = slurm  # None: the real Slurm commands (SlurmCommands)
         if opts.rate_hz is None:  # launch.sampler_rate_hz: the sampling rate of every run, not only the baseline
             opts = dataclasses.replace(opts, rate_hz=plan.spec.launch.sampler_rate_hz)
         self._sleep = sleep or self._wait  # the retry back-off's wait (tests pass one that records it)
@@ -322,6 +416,8 @@ class SweepRunner:
                 and (self.opts.only is None or fnmatch.fnmatch(r["id"], self.opts.only))]
 
     def run(self) -> SweepState:
+        # before the lock or sweep.json is touched: a link planted in the folder is never written through
+        check_sweep_folder(self.folder, [r.id for r in self.plan.runs])
         with sweep_lock(self.folder):
             self.state = self._prepare()
             self._baseline()
@@ -383,7 +479,7 @@ class SweepRunner:
         self.on_change(self.state, run_id)
         if self.opts.backend == "slurm":
             reason = _launch_slurm(self.opts, self.plan.spec.launch, config, spec_path, run_dir, time_limit_s,
-                                   lambda: self._stop)
+                                   lambda: self._stop, self.slurm)
         else:
             reason = _launch_local(self.opts, spec_path, run_dir, time_limit_s, lambda: self._stop)
         if reason == "interrupted":

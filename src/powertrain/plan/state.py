@@ -15,6 +15,7 @@ another configuration than the one it ran with is refused (:class:`SpecChanged`)
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from powertrain.plan.planner import Plan
-from powertrain.store.rundir import default_host, read_json, write_json_atomic
+from powertrain.store.rundir import default_host, file_mode, make_dir, read_json, write_json_atomic
+from powertrain.store.targets import refuse_link
 
 FINISHED = ("ok", "failed", "oom")
 
@@ -35,10 +37,18 @@ class SweepLocked(RuntimeError):
 
 @contextlib.contextmanager
 def sweep_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` for the duration of a sweep (released on any exit)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Hold an exclusive lock on ``folder`` for the duration of a sweep (released on any exit).
+
+    The folder and the lock file take the project's modes (:mod:`powertrain.store.rundir`); a link at
+    ``.lock`` is refused (:class:`powertrain.store.targets.WriteRefused`), never truncated through."""
+    make_dir(folder)
     path = folder / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, file_mode())
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,8 +122,9 @@ class SweepState:
         return next(r for r in self.runs if r["id"] == run_id)
 
     def save(self) -> None:
+        """Rewrite sweep.json (atomically, the project's file mode); a link planted there is refused."""
         self.data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json_atomic(self.path, self.data)
+        write_json_atomic(refuse_link(self.path), self.data)
 
     def set(self, run_id: str, **fields: Any) -> None:
         self.run(run_id).update(fields)
@@ -159,8 +170,7 @@ class SweepState:
         src = self.folder / run_id
         if not src.exists():
             return None
-        dest_root = self.folder / ".attempts"
-        dest_root.mkdir(exist_ok=True)
+        dest_root = make_dir(refuse_link(self.folder / ".attempts"))  # a link would move the run out of the sweep
         n = 1
         while (dest_root / f"{run_id}.{n}").exists():
             n += 1

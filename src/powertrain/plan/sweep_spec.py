@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from powertrain.core.sampling import MAX_RATE_HZ
 from powertrain.spec.bounds import (
@@ -53,13 +54,14 @@ from powertrain.spec.bounds import (
 )
 from powertrain.spec.run import RunConfig
 from powertrain.spec.slurm import check_name, check_option
+from powertrain.spec.values import SpecModel
 
 
 class SpecError(ValueError):
     """A sweep spec that cannot be read or expanded; the message names the place and the fix."""
 
 
-class LaunchOptions(BaseModel):
+class LaunchOptions(SpecModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["local", "slurm"] = "local"
@@ -73,8 +75,12 @@ class LaunchOptions(BaseModel):
     partition: str | None = Field(default=None, description="Slurm partition (or comma list)")
     account: str | None = Field(default=None, description="Slurm account")
     qos: str | None = Field(default=None, description="Slurm quality of service (or comma list)")
-    slurm_extra: list[str] = Field(default_factory=list, max_length=64,
-                                   description="extra #SBATCH options, each one --key or --key=value")
+    slurm_extra: list[str] = Field(default_factory=list, max_length=64, description=(
+        "extra #SBATCH options from an allow-list (powertrain.spec.slurm.ALLOWED), each one --key or --key=value "
+        "written out in full"))
+    pending_limit_min: float = Field(default=60.0, gt=0, le=525_600, allow_inf_nan=False, description=(
+        "a run's Slurm job still pending (never started) after this many minutes is cancelled and the run "
+        "marked failed; raise it for a busy queue"))
     # the sampler's own ceiling (core.sampling.MAX_RATE_HZ): above it every run would fail after its retries
     sampler_rate_hz: float = Field(default=20.0, gt=0, le=MAX_RATE_HZ, allow_inf_nan=False,
                                    description="telemetry samples per second, at most 1000")
@@ -97,11 +103,14 @@ class LaunchOptions(BaseModel):
     @classmethod
     def _slurm_options(cls, v: list[str]) -> list[str]:
         for i, opt in enumerate(v):
-            check_option(f"item {i}", opt)
+            try:
+                check_option(f"launch.slurm_extra[{i}]", opt)
+            except ValueError as exc:  # the message names the item itself: no "Value error," before it
+                raise PydanticCustomError("slurm_option", "{why}", {"why": str(exc)}) from None
         return v
 
 
-class SweepSpec(BaseModel):
+class SweepSpec(SpecModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -246,8 +255,12 @@ class ExpandedRun(BaseModel):
 def expand(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> list[ExpandedRun]:
     """Every grid point of ``spec`` in order, merged onto ``base`` and validated as a RunConfig.
 
-    A grid of more than ``max_points`` points is refused (:class:`SpecError`) before it is built."""
+    A grid of more than ``max_points`` points is refused (:class:`SpecError`) before it is built, and so
+    is one whose groups set one axis twice (:func:`overlapping_axes`)."""
     check_grid_size(spec, max_points)
+    overlap = overlapping_axes(spec)
+    if overlap:
+        raise SpecError(overlap)
     groups = [_group_settings(g, f"grid[{i}]") for i, g in enumerate(spec.grid)] or [[{}]]
     memo: dict[str, dict[str, Any]] = {}
     runs: list[ExpandedRun] = []
@@ -278,7 +291,8 @@ def pydantic_message(exc: ValidationError) -> str:
     for e in exc.errors():
         loc = ".".join(str(x) for x in e["loc"])
         msg = re.sub(r"\s+", " ", e["msg"])  # one line, whatever the validator wrote
-        parts.append(f"{shown(loc)}: {msg}" if loc else msg)
+        # a message that names its own place (launch.slurm_extra[2] …) is not prefixed with it again
+        parts.append(f"{shown(loc)}: {msg}" if loc and not msg.startswith(f"{loc}[") else msg)
     return "; ".join(parts)
 
 
@@ -308,6 +322,9 @@ def parse_sweep_spec(raw: Any, source: str = "spec") -> SweepSpec:
     except ValidationError as exc:
         raise SpecError(f"{source}: {pydantic_message(exc)}") from None
     _check_per_sweep_settings(spec, source)
+    overlap = overlapping_axes(spec)
+    if overlap:
+        raise SpecError(f"{source}: {overlap}")
     _check_variants_used(spec, source)
     return spec
 
@@ -340,6 +357,45 @@ def _settings_of(spec: SweepSpec) -> Iterator[tuple[str, str, Any]]:
         for part in body if isinstance(body, list) else [body]:
             if isinstance(part, dict):
                 yield from ((f"variants.{name}", k, v) for k, v in part.items())
+
+
+def _leaves(key: str, value: Any) -> Iterator[str]:
+    """The dotted keys one setting writes a value to: ``layout: {tp: 2}`` writes ``layout.tp`` (mappings under a
+    section merge key by key, see :func:`apply_settings`; anything else is written whole)."""
+    if isinstance(value, dict) and key.split(".")[0] in _SECTIONS:
+        for k, v in value.items():
+            yield from _leaves(f"{key}.{k}", v)
+    else:
+        yield key
+
+
+def overlapping_axes(spec: SweepSpec) -> str | None:
+    """The first axis that two grid groups both set (one line), else None.
+
+    Groups are multiplied, and each point applies them in order: an axis that a later group sets again
+    would override the earlier group's values without a word, and the points would repeat one
+    configuration. A key overlaps the keys under it too (``model`` and ``model.layers``)."""
+    whole: dict[str, set[int]] = {}  # key → the groups that write it
+    under: dict[str, dict[int, str]] = {}  # key → the groups that write a key under it, and the first such key
+    for where, key, value in _settings_of(spec):
+        if not where.startswith("grid["):
+            continue
+        i = int(where[len("grid["):-1])
+        for leaf in _leaves(key, value):
+            parts = leaf.split(".")
+            prefixes = [".".join(parts[:n]) for n in range(1, len(parts))]
+            clashes = [(j, leaf) for j in whole.get(leaf, ()) if j != i]
+            clashes += [(j, k) for j, k in under.get(leaf, {}).items() if j != i]
+            clashes += [(j, p) for p in prefixes for j in whole.get(p, ()) if j != i]
+            if clashes:
+                j, other = min(clashes)
+                said = f"both set {leaf}" if other == leaf else f"set {other} and {leaf}"
+                return (f"grid[{j}] and grid[{i}] {said}: the later group would override the earlier one's values; "
+                        "set each axis in one group (pair values with `zip` or `cases`)")
+            whole.setdefault(leaf, set()).add(i)
+            for p in prefixes:
+                under.setdefault(p, {}).setdefault(i, leaf)
+    return None
 
 
 def _check_per_sweep_settings(spec: SweepSpec, source: str) -> None:

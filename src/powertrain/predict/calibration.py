@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from powertrain.core.yamlfile import load_yaml
 from powertrain.hardware import HostProbe
 
 SHIPPED_DIR = Path(__file__).with_name("calibrations")
@@ -248,11 +249,13 @@ def calibration_from_dict(raw: dict[str, Any], where: str = "profile") -> Calibr
 
 
 def save_calibration(calibration: Calibration, path: str | Path | None = None) -> Path:
-    """Write ``calibration`` as YAML (default: the user calibration folder, ``<name>.yaml``)."""
+    """Write ``calibration`` as YAML (default: the user calibration folder, ``<name>.yaml``) with the
+    project's file mode whatever the umask (:func:`powertrain.store.rundir.write_text_atomic`)."""
+    from powertrain.store.rundir import write_text_atomic  # here: the store package loads pyarrow
+
     out = Path(path) if path else user_calibration_dir() / f"{calibration.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(calibration.to_dict(), sort_keys=False))
-    return out
+    return write_text_atomic(out, yaml.safe_dump(calibration.to_dict(), sort_keys=False))
 
 
 _CACHE: dict[tuple[str, float], Calibration] = {}
@@ -269,7 +272,7 @@ def load_calibration(name_or_path: str | Path | Calibration | None = None) -> Ca
         if path.is_file():
             stamp = (str(path.resolve()), path.stat().st_mtime)
             if stamp not in _CACHE:
-                _CACHE[stamp] = calibration_from_dict(yaml.safe_load(path.read_text()) or {}, str(path))
+                _CACHE[stamp] = calibration_from_dict(load_yaml(path.read_text(), path) or {}, str(path))
             return _CACHE[stamp]
     if key == "default":
         return Calibration()

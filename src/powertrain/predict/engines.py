@@ -23,8 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from powertrain.core.yamlfile import load_yaml
 from powertrain.predict.case import ENGINES, Case
 
 __all__ = ["ENGINES", "builtin_head_bytes", "builtin_layer_bytes", "optimizer_bytes"]
@@ -35,7 +34,7 @@ GRAD_BYTES = 4.0  # reading each local fp32 gradient once more (unsharded)
 
 @cache
 def _table() -> dict[str, Any]:
-    raw = yaml.safe_load(TRAFFIC_FILE.read_text()) or {}
+    raw = load_yaml(TRAFFIC_FILE.read_text(), TRAFFIC_FILE) or {}
     fams = raw.get("families") or {}
     if not fams:
         raise ValueError(f"{TRAFFIC_FILE}: no families; rerun benchmarks/builtin_traffic.py --write")

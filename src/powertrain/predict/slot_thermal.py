@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
-
+from powertrain.core.yamlfile import load_yaml
 from powertrain.hardware import DeviceSpec
 
 SLOT_FILE = Path(__file__).with_name("data") / "slot_thermal.yaml"
@@ -54,7 +53,7 @@ class SlotCoefficients:
 @cache
 def slot_coefficients(path: Path | None = None) -> SlotCoefficients:
     """The shipped (or ``path``'s) per-slot coefficients."""
-    raw = yaml.safe_load((path or SLOT_FILE).read_text())
+    raw = load_yaml((path or SLOT_FILE).read_text(), path or SLOT_FILE)
     ratio = tuple(float(v) for v in raw["power_ratio"])
     return SlotCoefficients(power_ratio=ratio,
                             std_across_runs=tuple(float(v) for v in raw.get("power_ratio_std_across_runs", ())),

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from powertrain.advise import Advice, as_dict
-from powertrain.advise.powercap import cap_sweep, knee
+from powertrain.advise.powercap import cap_sweep, default_caps, knee
 from powertrain.predict import Calibration
 from powertrain.report.build import Report
 from powertrain.store.targets import check_output_folder
@@ -95,7 +95,8 @@ def write_advice_html(adv: Advice, out: Path, calibration: Calibration, force: b
         rep.figure("advice-throughput-energy", lambda: advice_figure(adv),
                    "Predicted throughput vs J/token of every feasible configuration, coloured by predicted peak "
                    "power per GPU; dashed: the Pareto front; #N: the top N")
-        pts = cap_sweep(replace(adv.top[0].point.cand.case, power_limit_w=None), calibration)
+        caps = default_caps(adv.top[0].point.cand.case, site_cap=req.constraints.power_cap_w)  # none above the site's
+        pts = cap_sweep(replace(adv.top[0].point.cand.case, power_limit_w=None), calibration, caps)
         k = knee(pts)
         rep.h("Power caps for #1 (predicted)")
         rep.p(f"Lowest J/token at {'the default limit' if k.cap_w is None else f'{k.cap_w:.0f} W'}.")

@@ -3,8 +3,9 @@
 A spec is read by :func:`load_spec_yaml` only: at most :data:`MAX_SPEC_BYTES` bytes, UTF-8, parsed
 with a safe loader that counts what YAML aliases would expand to **before** anything is built (an
 "anchor bomb" of a few hundred bytes can stand for billions of nodes; PyYAML shares them, but every
-later copy, validation or dump expands them). Every refusal is one line naming the file and the
-number that was over its limit.
+later copy, validation or dump expands them) and refuses a mapping that writes one key twice
+(:mod:`powertrain.core.yamlfile`: PyYAML would keep the second without a word). Every refusal is one
+line naming the file and the number over its limit, or the line of the repeated key.
 
 :func:`control_char_field` finds newlines, carriage returns and NULs in keys and values: none of
 them has a meaning in a configuration value, and in a value that reaches a generated shell or batch
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from powertrain.core.yamlfile import UniqueKeyLoader
 
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: the study's largest spec is a few KiB
 MAX_ALIAS_NODES = 10_000  # nodes that alias expansion may add to what the file spells out
@@ -122,8 +125,9 @@ class _Budget(Exception):
     """Raised inside the loader when the alias budget is spent."""
 
 
-class BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that counts alias uses while composing (refused beyond :data:`MAX_ALIASES`)."""
+class BoundedLoader(UniqueKeyLoader):
+    """The safe loader that refuses repeated keys, counting alias uses while composing (refused beyond
+    :data:`MAX_ALIASES`)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -167,9 +171,10 @@ def expanded_nodes(root: yaml.Node) -> tuple[int, int]:
 
 
 def load_spec_yaml(path: Path, limit: int = MAX_SPEC_BYTES) -> Any:
-    """A spec file's YAML (safe tags only), read within the size, encoding and alias bounds above.
+    """A spec file's YAML (safe tags only, each key of a mapping once), read within the size, encoding and
+    alias bounds above.
 
-    Every refusal is a :class:`SpecFileError` with one line naming the file.
+    Every refusal is a :class:`SpecFileError` with one line naming the file (and the line, for YAML).
     """
     text = read_spec_text(path, limit)
     try:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from powertrain.spec.values import SpecModel
 
 MAX_DEGREE = 1 << 26  # no degree exceeds the largest world (65 536 nodes × 1 024 devices)
 
@@ -28,7 +30,7 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 StageSplit = Literal["even", "study_uneven"] | list[int]
 
 
-class Layout(BaseModel):
+class Layout(SpecModel):
     """How a model is spread over ``world`` ranks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

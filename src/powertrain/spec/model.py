@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from powertrain.spec.values import SpecModel
 
 Family = Literal["gpt", "llama", "mixtral"]
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(SpecModel):
     """Sizes of a decoder-only transformer.
 
     ``family`` decides the block: ``gpt`` (learned positions, LayerNorm, GELU MLP, multi-head

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from powertrain.core.lora import Lora, check_targets
 from powertrain.spec.bounds import SpecFileError, control_char_field, load_spec_yaml, shown
 from powertrain.spec.layout import Layout
 from powertrain.spec.model import ModelConfig, get_model
+from powertrain.spec.values import SpecModel
 
 Recompute = Literal["none", "selective", "full"]
 # Bounds far above any real run, so an absurd value is refused by name instead of hanging a command.
@@ -35,7 +36,7 @@ def spec_precision(name: str) -> Precision:
     return cast(Precision, mapped)
 
 
-class Overlap(BaseModel):
+class Overlap(SpecModel):
     """Communication/computation overlap switches, where PyTorch offers them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,7 +48,7 @@ class Overlap(BaseModel):
     grad_reduce_in_backward: bool = Field(default=True, description="overlap DP gradient reduction with backward")
 
 
-class Knobs(BaseModel):
+class Knobs(SpecModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     micro_batch: int = Field(default=1, ge=1, le=1 << 24, description="samples per micro-batch per data-parallel rank")
@@ -94,7 +95,7 @@ class Knobs(BaseModel):
         return out
 
 
-class Hardware(BaseModel):
+class Hardware(SpecModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     nodes: int = Field(default=1, ge=1, le=MAX_NODES)
@@ -113,7 +114,7 @@ class Hardware(BaseModel):
         return self.nodes * self.devices_per_node
 
 
-class Protocol(BaseModel):
+class Protocol(SpecModel):
     """DESIGN.md's measurement protocol."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,14 +128,14 @@ class Protocol(BaseModel):
     idle_baseline_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
 
 
-class Data(BaseModel):
+class Data(SpecModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["synthetic", "text"] = "synthetic"
     path: Path | None = Field(default=None, description="plain text file for kind=text (byte-level tokens)")
 
 
-class ProfilerOptions(BaseModel):
+class ProfilerOptions(SpecModel):
     """Optional ``torch.profiler`` traces, saved under ``<run>/profiles/`` (the spec's ``profile:`` key)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -155,7 +156,7 @@ LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _LORA_FIELDS = ("rank", "alpha", "targets")
 
 
-class Task(BaseModel):
+class Task(SpecModel):
     """What a run trains (the spec's ``task:`` key): every weight (``pretrain``: pre-training, or full
     fine-tuning, which costs the same), or LoRA adapters beside frozen base weights (``lora``).
 
@@ -217,7 +218,7 @@ class Task(BaseModel):
         return f"LoRA r{self.rank} α{self.alpha:g} {','.join(self.targets or ())}"
 
 
-class RunLaunch(BaseModel):
+class RunLaunch(SpecModel):
     """How this run's ranks are placed on the node (the sweep's own ``launch:`` options are separate)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -228,7 +229,7 @@ class RunLaunch(BaseModel):
                     "as CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES. Default: rank i on GPU i")
 
 
-class RunConfig(BaseModel):
+class RunConfig(SpecModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "run"

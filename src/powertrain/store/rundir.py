@@ -14,19 +14,25 @@ Statuses: ``running`` → ``ok`` | ``failed`` (with ``reason``). A run whose ``r
 
 File modes (one policy, docs/reliability.md): run directories and their folders ``0750``, files
 ``0640`` — JSON and Parquet alike — each narrowed by the user's umask when it is stricter
-(:func:`file_mode`, :func:`dir_mode`).
+(:func:`file_mode`, :func:`dir_mode`). Sweep folders and calibration profiles take the same modes,
+through :func:`write_text_atomic` and :func:`open_append`, which also never write through a link.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import socket
+import stat
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
+from powertrain.store.targets import WriteRefused, refuse_link
 from powertrain.store.validate import DamagedRun, parse_run_json
 
 STATUSES = ("running", "ok", "failed")
@@ -79,21 +85,60 @@ def make_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so readers see the old file or the new one, never half of one."""
+@contextlib.contextmanager
+def _replaced_atomically(path: Path) -> Iterator[IO[str]]:
+    """A text file to write that replaces ``path`` when the block ends (never half of one), with the
+    policy's mode; on any error the temporary file is removed and ``path`` is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so readers see the old file or the new one, never half of one."""
+    with _replaced_atomically(path) as f:
+        json.dump(data, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` at ``path`` as :func:`write_json_atomic` writes JSON (the policy's mode whatever the
+    umask, all or nothing); a symbolic link at ``path`` is refused (:class:`WriteRefused`), its target
+    untouched."""
+    p = refuse_link(path)
+    with _replaced_atomically(p) as f:
+        f.write(text)
+    return p
+
+
+def open_append(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a log at ``path`` for appending, created with the policy's mode. A symbolic link, a FIFO or
+    anything but a regular file there is refused (:class:`WriteRefused`): ``O_NOFOLLOW`` means not even a
+    link planted after a check is followed, and a FIFO would block the writer."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, file_mode())
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            refuse_link(path)
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads
+            raise WriteRefused(f"{path} is not a regular file; remove it (the log is written afresh)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WriteRefused(f"{path} is not a regular file; remove it (the log is written afresh)")
+    os.set_blocking(fd, True)
+    with contextlib.suppress(PermissionError):  # a log an older powertrain created under another umask
+        os.fchmod(fd, file_mode())
+    return os.fdopen(fd, "ab")
 
 
 def read_json(path: Path) -> Any:

@@ -14,6 +14,10 @@ Every command that writes (``predict --out``, ``trace -o``, ``report``, ``summar
   component: no ``/``, no ``\\``, not ``.`` or ``..``, not empty, no NUL or newline.
 
 A refusal is a :class:`WriteRefused` (a ``ValueError``) whose message is one line naming the path.
+
+A sweep never writes its folder's files, nor ``calibrate`` its profile, through a symbolic link
+(:func:`refuse_link`): a link planted where a sweep keeps its own files would otherwise make the
+next write land on the link's target, anywhere the user can write.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ class WriteRefused(FileExistsError, ValueError):
 
     Both an ``OSError`` (``FileExistsError``, what refusing an existing target always raised) and a
     ``ValueError`` (an invalid option value), so either handler of a caller catches it."""
+
+
+def refuse_link(path: str | os.PathLike[str]) -> Path:
+    """``path`` when it is not a symbolic link; else :class:`WriteRefused` naming it (the target is left alone)."""
+    p = Path(path)
+    if p.is_symlink():
+        try:
+            target = f" (to {os.readlink(p)!r})"
+        except OSError:
+            target = ""
+        raise WriteRefused(f"{p} is a symbolic link{target}; powertrain does not write through links: remove the "
+                           "link (the file is written afresh), or use another folder")
+    return p
 
 
 def _a(word: str) -> str:

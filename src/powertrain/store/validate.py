@@ -18,7 +18,10 @@ What counts as damage (each is a :class:`Problem`):
 * a segment of an unfinished stream (``*.parts/seg-*.parquet``) with a wrong schema. A segment that
   cannot be opened is *not* damage: the writer renames only complete files, so a torn segment is the
   expected trace of a ``kill -9`` and readers skip it;
-* a prediction without a readable ``summary.json`` (its summary is its data).
+* a prediction without a readable ``summary.json`` (its summary is its data);
+* a ``run.json`` whose ``schema`` is a newer ``powertrain.run/N`` than :data:`RUN_SCHEMA_VERSION`: a later
+  powertrain wrote it, and what its keys mean may have changed, so it is refused rather than half-read.
+  (A ``run.json`` without ``schema`` — predictions, older runs — is read as version 1.)
 
 Only the Parquet footers are read (cheap: no row data), so checking a long run costs milliseconds.
 """
@@ -38,10 +41,12 @@ import pyarrow.parquet as pq
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
 
 RUN_STATUSES = ("running", "ok", "failed")
+RUN_SCHEMA_VERSION = 1  # the run.json layout this code reads and writes
+RUN_SCHEMA = f"powertrain.run/{RUN_SCHEMA_VERSION}"
 
 # known run.json keys and the JSON types their readers expect (None is always allowed)
 _KEY_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,), "kind": (str,), "name": (str,), "reason": (str,),
+    "schema": (str,), "status": (str,), "kind": (str,), "name": (str,), "reason": (str,),
     "config": (dict,), "owner": (dict,), "window": (dict,), "data_quality": (dict,), "import": (dict,),
     "measured_window": (dict,),
     "devices": (list,), "hosts": (list,), "fields_supported": (list,), "rank_map": (list,), "ranks": (list,),
@@ -112,7 +117,25 @@ def parse_run_json(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     status = info.get("status")
     if isinstance(status, str) and status not in RUN_STATUSES:
         problems.append(Problem(name, f"status {status!r} is not one of {', '.join(RUN_STATUSES)}"))
+    schema = info.get("schema")
+    if isinstance(schema, str):
+        why = run_schema_problem(schema)
+        if why:
+            problems.append(Problem(name, why))
     return (None if problems else info), problems
+
+
+def run_schema_problem(schema: str) -> str | None:
+    """Why a ``run.json`` of ``schema`` cannot be read here (a newer ``powertrain.run/N``), else None."""
+    family, _, version = schema.partition("/")
+    if family != "powertrain.run":
+        return None  # not ours to judge: the keys above are checked all the same
+    if not version.isdigit():
+        return f"schema {_one_line(schema, 40)!r} has no version number (expected {RUN_SCHEMA})"
+    if int(version) > RUN_SCHEMA_VERSION:
+        return (f"schema {schema} is newer than this powertrain reads (up to {RUN_SCHEMA}); read it with the "
+                "powertrain version that wrote it, or upgrade this one")
+    return None
 
 
 def _schema_problem(schema: pa.Schema, want: pa.Schema) -> str | None:
