@@ -199,6 +199,19 @@ def energy_optimum(w: Workload, powers: list[float], time_ratio: list[float] | N
     return w.limits[int(np.argmin(energy))]
 
 
+def optimum_is_inside(w: Workload, optimum: float) -> bool:
+    """Whether the measurements say the J-optimal limit lies inside the range, not at its lowest end: the
+    measured optimum is above the lowest limit, the lowest limit binds there (average power at least 90 % of
+    it: a limit the GPU never reaches changes nothing, and the epochs' differences are run-to-run spread) and
+    the lowest limit costs at least 2 % more energy than the optimum. (Refined after the first reading counted
+    every P100 optimum above the lowest limit, which were all unbound limits.)"""
+    lo = int(np.argmin(w.limits))
+    if optimum <= w.limits[lo] or w.power_w[lo] < 0.9 * w.limits[lo]:
+        return False
+    energy = {lim: p * t for lim, p, t in zip(w.limits, w.power_w, w.time_s, strict=True)}
+    return energy[w.limits[lo]] >= 1.02 * energy[optimum]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=DATA)
@@ -242,11 +255,11 @@ def main() -> int:
                 thr, pw = predict_workload(w, device(gpu, heads_all[gpu], c), c, shares[w.network])
                 meas = energy_optimum(w, w.power_w)
                 pred = energy_optimum(w, pw, thr)
-                if meas > min(w.limits):  # the measurements put the optimum inside the range
+                if optimum_is_inside(w, meas):  # the measurements put the optimum inside the range
                     optimum_total += 1
                     optimum_ok += pred > min(w.limits)
             print(f"  {label:<22} {gpu:<8} {len(e_t):>4} rows: throughput MAPE {mt:.1%}, average power MAPE {mp:.1%}; "
-                  f"energy-optimal limit inside the range where measured so: {optimum_ok}/{optimum_total}")
+                  f"J-optimal limit inside the range where measured so (lowest limit binding, ≥ 2 % more energy): {optimum_ok}/{optimum_total}")
             if label.startswith("scored"):
                 ok &= mt <= TARGET and mp <= TARGET
     print(f"target ≤ {TARGET:.0%} on the held-out GPUs: {'met' if ok else 'NOT met'}")

@@ -20,7 +20,15 @@ from powertrain.predict.calibration import Coefficients
 from powertrain.predict.dvfs import H200_BURN, clock_for_scale, dynamic_scale
 from powertrain.predict.governor import stage_clocks
 from powertrain.predict.steptime import step_time
-from powertrain.predict.timeline import PassWork, Piece, StageWork, StepWork, compose_step, max_window
+from powertrain.predict.timeline import (
+    PassWork,
+    Piece,
+    StageTimeline,
+    StageWork,
+    StepWork,
+    compose_step,
+    max_window,
+)
 from powertrain.spec.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +220,7 @@ def _microbatch_sweep() -> dict[tuple[str, str], list[tuple[int, object]]]:
 
 
 def test_the_micro_batch_sweep_follows_the_mechanism() -> None:
-    """docs/model.md §6, "What the micro-batch sweep shows": at the H200's 700 W limit every dense layout of the
+    """docs/model.md §7, "What the micro-batch sweep shows": at the H200's 700 W limit every dense layout of the
     study is power-capped already at micro-batch 1, so the peak on the 1 s field is held at the limit whatever the
     micro-batch (no rise to find there), while execution turns burstier: in every pipelined layout fewer, longer
     micro-batches leave more of the step to the bubble, the mean falls and the peak-to-mean ratio rises; where
@@ -242,6 +250,32 @@ def test_the_instantaneous_field_overshoots_only_while_kernels_are_shorter_than_
     inst = [p.breakdown["power"]["peaks"]["instant"]["power_w"] for _, p in pts]  # type: ignore[attr-defined]
     assert inst[0] > 700.0 * 1.02
     assert inst[-1] == pytest.approx(700.0, rel=0.01)
+
+
+def test_the_instantaneous_peak_follows_the_longest_kernel_against_the_two_windows() -> None:
+    """docs/model.md §7: the highest 25 ms window rises with micro-batch where the hungriest stage's longest kernel
+    grows past the sensor's 25 ms but stays inside the limiter's window (a window inside the kernel reads its draw at
+    the window-limited clock), and falls where the kernel reaches the limiter's window (the limiter holds the
+    kernel)."""
+    window = load_calibration().coefficients.power_limiter_window_s
+    rising = falling = 0
+
+    def hungriest(p: object) -> StageTimeline:
+        return max(p.physics.stages.values(), key=lambda sp: sp.timeline.mean_w).timeline  # type: ignore[attr-defined]
+
+    for (model, layout), pts in _microbatch_sweep().items():
+        (_, lo), (_, hi) = pts[0], pts[-1]
+        k_lo, k_hi = (max(hungriest(p).fwd_pass[0].d, hungriest(p).bwd_pass[0].d) for p in (lo, hi))
+        p_lo, p_hi = (hungriest(p).window_peak(0.025).power_w for p in (lo, hi))
+        if k_lo < 0.025 < k_hi < window / 2:
+            # by how much depends on the low-draw work around the kernel inside the limiter's window (it lets the
+            # clock, and so the kernel's draw, rise): +13 W for GPT-3 PP32, ~+110 W for Llama-3 TP8
+            assert p_hi > p_lo + 10.0, (model, layout, k_lo, k_hi, p_lo, p_hi)
+            rising += 1
+        elif k_hi > 0.6 * window:
+            assert p_hi < p_lo, (model, layout, k_lo, k_hi, p_lo, p_hi)
+            falling += 1
+    assert rising >= 3 and falling >= 1
 
 
 def test_the_builtin_engine_counts_its_own_traffic() -> None:
@@ -276,7 +310,10 @@ def test_the_builtin_engine_moves_more_memory_than_fused_kernels() -> None:
     fused = replace(builtin, engine="megatron", attention_kernel="fused")
     cal = load_calibration()
     c = cal.coefficients
-    a, b = step_time(builtin, cal.coefficients_for("builtin")), step_time(fused, c)
+    # the fused kernels' element-wise bytes as counted (the shipped profile scales them by a fitted factor, which
+    # stands in for whatever else the published runs spend; the built-in engine's bytes are counted, not scaled)
+    ideal = replace(c, elementwise_scale=1.0)
+    a, b = step_time(builtin, cal.coefficients_for("builtin")), step_time(fused, ideal)
     assert a.breakdown["memory_bound_s"] > 1.5 * b.breakdown["memory_bound_s"]
     assert a.breakdown["optimizer_s"] > 1.5 * b.breakdown["optimizer_s"]
     # the shipped profile's fixed time per step is the published frameworks'; the built-in engine's is its own
