@@ -18,6 +18,7 @@ from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner
 from powertrain.plan.planner import plan
 from powertrain.plan.state import SpecChanged, SweepState
 from powertrain.plan.sweep_spec import SweepSpec
+from powertrain.store.sweep_log import read_sweep
 
 runner = CliRunner()
 
@@ -94,7 +95,7 @@ def _finished(folder: Path, statuses: dict[str, str]) -> dict:
     state = SweepState.create_or_merge(folder, plan(_spec()))
     for r, status in zip(state.runs, statuses.values(), strict=False):
         state.set(r["id"], status=status)
-    return json.loads((folder / "sweep.json").read_text())
+    return read_sweep(folder)  # sweep.json and the changes logged since
 
 
 def test_resume_with_an_edited_spec_is_refused_naming_the_runs(tmp_path):
@@ -105,7 +106,7 @@ def test_resume_with_an_edited_spec_is_refused_naming_the_runs(tmp_path):
     assert "\n" not in msg and "knobs.global_batch 8, the spec now says 16" in msg
     ids = [r["id"] for r in before["runs"]]
     assert f"run {ids[0]} " in msg and f"{ids[1]} differs too" in msg and "new --out" in msg
-    after = json.loads((tmp_path / "sweep.json").read_text())
+    after = read_sweep(tmp_path)
     assert after["runs"] == before["runs"]  # the record of what ran is not rewritten
 
 

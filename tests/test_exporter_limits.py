@@ -1,9 +1,9 @@
 """The Prometheus exporter's bounds (issue 14, item 7) and the importers' size cap (item 5).
 
 Exporter: a non-loopback bind needs an explicit permission (``--prometheus-public``) and logs a
-warning; an idle connection is closed after the timeout; more than N connections at once are closed
-without a handler thread each. Importers: a source over the cap (``/dev/zero`` included, whose
-``stat`` size is 0) ends with one line naming the file and the cap. Waits poll a condition under a
+warning; an idle connection is closed after the read timeout; more than N connections at once take
+the longest-waiting one's place, without a handler thread each. Importers: a source over the cap ends with one line naming the file
+and the cap; ``/dev/zero``, which would never end, is refused before it is read. Waits poll a condition under a
 generous deadline; nothing depends on timing beyond that.
 """
 
@@ -72,26 +72,28 @@ def test_monitor_cli_refuses_a_public_bind_without_the_option(tmp_path: Path, mo
     assert "Traceback" not in res.output and not (tmp_path / "r").exists()
 
 
-def test_idle_connections_time_out_and_extra_ones_are_closed(monkeypatch) -> None:
-    monkeypatch.setattr(prom._Handler, "timeout", 1.0)
-    exp = PrometheusExporter("127.0.0.1:0", max_handlers=2)
+def test_idle_connections_time_out_and_extra_ones_take_the_oldest_place() -> None:
+    """Connections are bounded without a thread each; beyond the bound the longest-waiting one is closed,
+    not the newcomer (tests/test_exporter_slowloris.py holds the slow-client cases)."""
+    exp = PrometheusExporter("127.0.0.1:0", max_connections=2, read_timeout_s=1.0)
     idle: list[socket.socket] = []
     try:
         exp.write([{"host": "h", "device": "gpu0", "t_ns": time.time_ns(), "power_w": 100.0}])
-        for _ in range(2):  # two idle clients hold both handler slots
-            idle.append(socket.create_connection(("127.0.0.1", exp.port), timeout=20))
         server = exp._server
-        _wait(lambda: server._slots._value == 0)
+        for _ in range(2):  # two idle clients fill the bound
+            idle.append(socket.create_connection(("127.0.0.1", exp.port), timeout=20))
+            _wait(lambda n=len(idle): len(server._waiting) + server.evicted >= n)
         extra = socket.create_connection(("127.0.0.1", exp.port), timeout=20)
-        extra.settimeout(20)
-        assert extra.recv(1) == b""  # closed at once, unanswered: no third handler
-        extra.close()
-        _wait(lambda: server.refused >= 1)
-        for s in idle:  # the handler's timeout closes each idle connection
+        _wait(lambda: server.evicted >= 1)
+        idle[0].settimeout(20)
+        assert idle[0].recv(1) == b""  # the oldest made room
+        for s in (idle[1], extra):  # the read timeout closes each idle connection
             s.settimeout(20)
             assert s.recv(1) == b""
-        _wait(lambda: server._slots._value == 2)  # both slots free again
+        _wait(lambda: not server._waiting and server.expired >= 2)
+        assert server.refused == 0
         assert "DCGM_FI_DEV_POWER_USAGE" in _scrape(exp.port)  # and it still serves
+        extra.close()
     finally:
         for s in idle:
             s.close()
@@ -102,13 +104,13 @@ def test_idle_connections_time_out_and_extra_ones_are_closed(monkeypatch) -> Non
 # importers' size cap
 
 
-def test_dev_zero_stops_at_the_cap_with_one_line(tmp_path: Path) -> None:
+def test_dev_zero_is_refused_before_it_is_read_with_one_line(tmp_path: Path) -> None:
     for kind in ("nvsmi", "kineto", "zeus"):
         res = runner.invoke(app, ["import", kind, "/dev/zero", "--out", str(tmp_path / "z"), "--max-bytes", "1MiB"])
         assert res.exit_code == 2, (kind, res.output)
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and "/dev/zero" in lines[0], res.output
-        assert "import size cap" in lines[0] or "longer than" in lines[0], res.output
+        assert "is a character device" in lines[0], res.output
         assert not (tmp_path / "z").exists() and list(tmp_path.iterdir()) == []
 
 

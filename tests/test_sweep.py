@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from powertrain.launch.sweep import apply_gate, classify_failure
 from powertrain.plan.state import SweepState, sweep_lock
 from powertrain.spec.run import Protocol
 from powertrain.store import RunDir
+from powertrain.store.sweep_log import read_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,8 +40,8 @@ def _sweep(*args: str, **kw) -> subprocess.Popen:
 
 
 def _state(folder: Path) -> dict:
-    path = folder / "sweep.json"
-    return json.loads(path.read_text()) if path.exists() else {"runs": []}
+    """sweep.json and the changes logged since (what every reader sees while the sweep runs)."""
+    return read_sweep(folder) or {"runs": []}
 
 
 def _run_dirs(folder: Path) -> set[str]:

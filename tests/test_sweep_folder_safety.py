@@ -368,7 +368,7 @@ def _swept(tmp_path: Path, fake_slurm: list[FakeSlurm]) -> tuple[Path, Path]:
 
 
 PLANTED = [".specs/seed1.yaml", ".launch/seed1.sbatch", ".launch/seed1.jobid", ".launch/seed2.log", ".specs",
-           ".launch", "sweep.json", ".lock", ".attempts", "seed1"]
+           ".launch", "sweep.json", "sweep.state.jsonl", ".lock", ".attempts", "seed1"]
 
 
 @pytest.mark.parametrize("planted", PLANTED)

@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # psutil ships no type information
 
+from powertrain.store.leftovers import remove_stale
+
 LEDGER_ENV = "POWERTRAIN_CONTROL_LEDGER"
 DEFAULT_LEDGER = Path("/var/tmp/powertrain/control-ledger.json")
 
@@ -88,6 +90,8 @@ class Ledger:
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
+        # a writer killed between write and replace left its temporary file (under this same lock)
+        remove_stale(self.path.parent, [f".{self.path.name}.{{pid}}.tmp"])
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"version": 1, "written_ns": time.time_ns(), "entries": entries}, indent=1))
         os.replace(tmp, self.path)

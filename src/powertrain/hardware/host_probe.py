@@ -24,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from powertrain.store.leftovers import remove_stale
+
 log = logging.getLogger(__name__)
 
 
@@ -209,6 +211,7 @@ def probe_host(threads: int) -> HostProbe:
     record = {**probe.to_dict(), "identity": ident, "t_ns": time.time_ns()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path.parent, [f".{path.name}.{{pid}}.tmp"])  # left by a probe that was killed here
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, indent=1))
         try:

@@ -5,8 +5,9 @@ in its own process (locally) or inside its own Slurm job, so a crash of one run 
 sweep down and a run directory always has a single owner. The resolved spec holds what that run
 applies (:func:`powertrain.spec.effective.as_single_run`); run.json's ``sweep`` entry records the
 protocol settings the sweep applied around it and the knobs that changed nothing for its layout.
-The sweep's state is :class:`powertrain.plan.state.SweepState` (``sweep.json``), rewritten after
-every change.
+The sweep's state is :class:`powertrain.plan.state.SweepState`: ``sweep.json``, written when the sweep
+starts and ends, and ``sweep.state.jsonl``, one line appended per change in between. Temporary files a
+killed sweep left in its folder are removed when the next one takes the lock (:func:`_remove_leftovers`).
 
 Before each run the protocol's gate is applied (wait ``cooldown_s``, or until the hottest device
 is at or below ``cooldown_until_temp_c``), and an idle baseline is recorded once per sweep when the
@@ -47,7 +48,9 @@ from powertrain.spec.bounds import control_char
 from powertrain.spec.effective import as_single_run, sweep_protocol, unused_knobs
 from powertrain.spec.run import Protocol, RunConfig
 from powertrain.spec.slurm import check_name, check_option, directive_word, job_name
+from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import RunDir, current_umask, make_dir, open_append, write_text_atomic
+from powertrain.store.sweep_log import LOG_FILE
 from powertrain.store.tables import finalize_run_streams
 from powertrain.store.targets import SWEEP_FILES, SWEEP_FOLDERS, WriteRefused, refuse_link
 
@@ -142,7 +145,7 @@ def check_sweep_folder(folder: Path, run_ids: list[str]) -> None:
     ``.launch/``, a run directory — before anything is written: a resume would write through it."""
     if not folder.is_dir():
         return
-    for name in sorted(SWEEP_FILES | SWEEP_FOLDERS):
+    for name in sorted(SWEEP_FILES | SWEEP_FOLDERS | {LOG_FILE}):
         refuse_link(folder / name)
     for name in (".specs", ".launch"):
         if (folder / name).is_dir():
@@ -150,6 +153,17 @@ def check_sweep_folder(folder: Path, run_ids: list[str]) -> None:
                 refuse_link(entry)
     for run_id in run_ids:
         refuse_link(folder / run_id)
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Temporary files a killed sweep left (``.sweep.json.XXXXXXXX.tmp``, ``.specs/.RUN.yaml.XXXXXXXX.tmp``, …).
+
+    Called under the sweep's lock, which every writer of these files holds: none is being written now,
+    whatever its age (:func:`powertrain.store.leftovers.remove_stale` with ``max_age_s=0``)."""
+    remove_stale(folder, [".sweep.json.*.tmp"], max_age_s=0)
+    for sub, kinds in ((".specs", ("yaml",)), (".launch", ("sbatch", "jobid"))):
+        if (folder / sub).is_dir() and not (folder / sub).is_symlink():
+            remove_stale(folder / sub, [f".*.{kind}.*.tmp" for kind in kinds], max_age_s=0)
 
 
 def _write_run_spec(folder: Path, run_id: str, config: dict[str, Any]) -> Path:
@@ -419,12 +433,16 @@ class SweepRunner:
         # before the lock or sweep.json is touched: a link planted in the folder is never written through
         check_sweep_folder(self.folder, [r.id for r in self.plan.runs])
         with sweep_lock(self.folder):
+            _remove_leftovers(self.folder)
             self.state = self._prepare()
-            self._baseline()
-            for entry in self.todo():
-                if self._stop:
-                    break
-                self._with_retries(entry["id"])
+            try:
+                self._baseline()
+                for entry in self.todo():
+                    if self._stop:
+                        break
+                    self._with_retries(entry["id"])
+            finally:  # the changes logged since the start folded into sweep.json (a crash keeps the log)
+                self.state.save()
             self.on_change(self.state, None)
             return self.state
 
@@ -458,8 +476,7 @@ class SweepRunner:
             end = time.monotonic() + seconds
             while time.monotonic() < end and not self._stop:
                 time.sleep(0.2)
-        self.state.data["idle_baseline"] = {"run_dir": ".baseline", "seconds": seconds}
-        self.state.save()
+        self.state.note(idle_baseline={"run_dir": ".baseline", "seconds": seconds})
 
     def _one(self, entry: dict[str, Any]) -> None:
         assert self.state is not None

@@ -31,20 +31,34 @@ The endpoint binds to 127.0.0.1 unless an address is given: telemetry is not pub
 network by accident. A non-loopback address (``0.0.0.0:9400``, a host name or interface address) is
 refused unless it is explicitly allowed (``powertrain monitor --prometheus-public``, which sets
 ``POWERTRAIN_PROMETHEUS_PUBLIC=1`` for the sampler it starts, or ``public=True``), and then a warning
-is logged. The server is bounded: each connection times out after :data:`CONNECTION_TIMEOUT_S`
-seconds of silence, and at most :data:`MAX_HANDLERS` connections are served at once — one more is
-closed at once (the scraper retries), so idle or slow clients cannot pile up threads.
+is logged.
+
+The server is bounded, and slow clients cannot starve scrapes (a slow-loris client opens a connection
+and sends its request a byte at a time, or never finishes it). One loop accepts connections and reads
+their request heads without blocking, and only a complete head reaches one of :data:`MAX_HANDLERS`
+handler threads, which answers from memory. A connection silent for :data:`READ_TIMEOUT_S` (per read)
+or whose head is not complete after :data:`REQUEST_TIMEOUT_S` (however it trickles) is closed; at most
+:data:`MAX_CONNECTIONS` are open at once, and one more takes the place of the connection that has
+waited longest for its head — a scraper, which sends its request at once, always gets in. Only when
+every open connection is being answered is a new one closed at once (the scraper retries).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import logging
 import os
+import queue
+import selectors
 import socket
+import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
-from socketserver import ThreadingMixIn
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -52,8 +66,12 @@ from powertrain.schema import TELEMETRY_FIELDS
 
 DEFAULT_ADDR = "127.0.0.1"
 PUBLIC_ENV = "POWERTRAIN_PROMETHEUS_PUBLIC"
-CONNECTION_TIMEOUT_S = 5.0
-MAX_HANDLERS = 8
+READ_TIMEOUT_S = 5.0  # a connection silent this long while sending its request is closed
+REQUEST_TIMEOUT_S = 10.0  # a request head not complete after this is closed, however it trickles in
+CONNECTION_TIMEOUT_S = READ_TIMEOUT_S  # each write of an answer
+MAX_CONNECTIONS = 64  # open at once, waiting or being answered
+MAX_HANDLERS = 8  # requests answered at once
+MAX_HEAD_BYTES = 16 * 1024  # a scrape's request head is a few hundred bytes
 log = logging.getLogger(__name__)
 
 # field -> (metric name, help, scale from the field's unit to the metric's)
@@ -115,56 +133,167 @@ def check_public(addr: str, public: bool | None = None) -> bool:
 
 
 class _Handler(WSGIRequestHandler):
-    """One scrape; the socket times out after :data:`CONNECTION_TIMEOUT_S` of silence; no access log."""
+    """One scrape, whose request head the server has already read (:class:`BoundedServer`); the answer is
+    written under a timeout of :data:`CONNECTION_TIMEOUT_S`; no access log."""
 
     timeout = CONNECTION_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        # the head was read by the server's own loop: the handler reads it from memory, never waits on the client
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.server.take_head(self.request))  # type: ignore[attr-defined]
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing."""
 
 
-class BoundedServer(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most ``max_handlers`` at once; one more is closed unanswered."""
+@dataclass
+class _Waiting:
+    """A connection whose request head is still arriving."""
 
-    daemon_threads = True
+    addr: Any
+    opened: float
+    last: float
+    head: bytearray = dc_field(default_factory=bytearray)
+
+
+class BoundedServer(WSGIServer):
+    """Request heads read by one loop, requests answered by ``max_handlers`` threads; see the module doc.
+
+    Counters: ``refused`` (closed at once, every connection being answered), ``evicted`` (a waiting
+    connection closed to make room for a new one), ``expired`` (closed for silence or a slow head)."""
+
     max_handlers = MAX_HANDLERS
+    max_connections = MAX_CONNECTIONS
+    read_timeout_s = READ_TIMEOUT_S
+    request_timeout_s = REQUEST_TIMEOUT_S
 
     def server_activate(self) -> None:
-        self._slots = threading.BoundedSemaphore(self.max_handlers)
-        self.refused = 0
         super().server_activate()
+        self.socket.setblocking(False)
+        self.refused = self.evicted = self.expired = 0
+        self._waiting: dict[socket.socket, _Waiting] = {}  # insertion order: the longest waiting first
+        self._heads: dict[socket.socket, bytes] = {}
+        self._ready: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
+        self._busy = 0  # connections handed to the handlers and not yet closed
+        self._busy_lock = threading.Lock()
+        self._stop, self._stopped = threading.Event(), threading.Event()
+        self._workers = [threading.Thread(target=self._work, name=f"prometheus-handler-{i}", daemon=True)
+                         for i in range(self.max_handlers)]
+        for w in self._workers:
+            w.start()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or hung up: one debug line, not a traceback on the sampler's stderr."""
-        import sys
-
         log.debug("Prometheus endpoint: connection from %s ended: %s", client_address, sys.exc_info()[1])
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self.shutdown_request(request)
+    def take_head(self, conn: socket.socket) -> bytes:
+        return self._heads.pop(conn, b"")
+
+    def serve_forever(self, poll_interval: float = 0.2) -> None:
+        """Accept, read request heads and expire slow ones in one loop (no thread per waiting client)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ)
+            try:
+                while not self._stop.is_set():
+                    for key, _ in sel.select(poll_interval):
+                        if key.fileobj is self.socket:
+                            self._accept(sel)
+                        else:
+                            self._receive(sel, key.fileobj)  # type: ignore[arg-type]
+                    self._expire(sel, time.monotonic())
+            finally:
+                for conn in list(self._waiting):
+                    self._drop(sel, conn)
+                self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop the loop (closing waiting connections) and the handler threads."""
+        self._stop.set()
+        self._stopped.wait(10)
+        for _ in self._workers:
+            self._ready.put(None)
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        self._waiting.pop(conn, None)
+        conn.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        try:
+            conn, addr = self.socket.accept()
+        except OSError:  # the client left before it was accepted
+            return
+        if len(self._waiting) + self._busy >= self.max_connections:
+            if not self._waiting:  # every connection is being answered: this one retries at its next scrape
+                self.refused += 1
+                conn.close()
+                return
+            # the longest-waiting head loses its place, not the newcomer: slow clients cannot starve scrapes
+            self._drop(sel, next(iter(self._waiting)))
+            self.evicted += 1
+        conn.setblocking(False)
+        now = time.monotonic()
+        self._waiting[conn] = _Waiting(addr, now, now)
+        sel.register(conn, selectors.EVENT_READ)
+
+    def _receive(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        waiting = self._waiting.get(conn)
+        if waiting is None:
             return
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        waiting.head += data
+        if not data or len(waiting.head) > MAX_HEAD_BYTES:  # hung up, or no scrape's head
+            self._drop(sel, conn)
+            return
+        waiting.last = time.monotonic()
+        if b"\r\n\r\n" in waiting.head or b"\n\n" in waiting.head:
+            sel.unregister(conn)
+            del self._waiting[conn]
+            self._heads[conn] = bytes(waiting.head)
+            with self._busy_lock:
+                self._busy += 1
+            self._ready.put((conn, waiting.addr))
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    def _expire(self, sel: selectors.BaseSelector, now: float) -> None:
+        for conn, w in list(self._waiting.items()):
+            if now - w.last > self.read_timeout_s or now - w.opened > self.request_timeout_s:
+                self._drop(sel, conn)
+                self.expired += 1
+
+    def _work(self) -> None:
+        while (item := self._ready.get()) is not None:
+            conn, addr = item
+            try:
+                conn.setblocking(True)
+                self.finish_request(conn, addr)
+            except Exception:
+                self.handle_error(conn, addr)
+            finally:
+                self._heads.pop(conn, None)
+                self.shutdown_request(conn)
+                with self._busy_lock:
+                    self._busy -= 1
 
 
-def serve(port: int, addr: str, registry: Any, max_handlers: int = MAX_HANDLERS) -> tuple[BoundedServer, threading.Thread]:
+def serve(port: int, addr: str, registry: Any, max_handlers: int = MAX_HANDLERS, *,
+          max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
+          request_timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[BoundedServer, threading.Thread]:
     """Serve ``registry`` at ``addr:port`` from a daemon thread with the bounds above."""
     from prometheus_client import make_wsgi_app
 
     infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, sockaddr = infos[0]
-    server_class = type("_Server", (BoundedServer,), {"address_family": family, "max_handlers": max_handlers})
+    server_class = type("_Server", (BoundedServer,), {
+        "address_family": family, "max_handlers": max_handlers, "max_connections": max(max_connections, 1),
+        "read_timeout_s": read_timeout_s, "request_timeout_s": request_timeout_s})
     httpd = server_class((sockaddr[0], port), _Handler)
     httpd.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=httpd.serve_forever, name="prometheus-exporter", daemon=True)
@@ -179,11 +308,15 @@ class PrometheusExporter:
         listen: ``[HOST:]PORT`` (HOST defaults to 127.0.0.1; port 0 picks a free port).
         labels: extra constant labels on every metric (e.g. ``{"run": "try1"}``).
         public: allow a non-loopback HOST (``None``: only with ``POWERTRAIN_PROMETHEUS_PUBLIC=1``).
-        max_handlers: connections served at once (more are closed).
+        max_handlers: requests answered at once (more wait for a handler, their heads read).
+        max_connections: connections open at once (one more takes the longest-waiting one's place).
+        read_timeout_s: silence after which a connection still sending its request is closed.
+        request_timeout_s: time after which a request head not yet complete is closed.
     """
 
     def __init__(self, listen: str, labels: Mapping[str, str] | None = None, *, public: bool | None = None,
-                 max_handlers: int = MAX_HANDLERS) -> None:
+                 max_handlers: int = MAX_HANDLERS, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout_s: float = READ_TIMEOUT_S, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         from prometheus_client import CollectorRegistry
 
         self.addr, port = parse_listen(listen)
@@ -196,7 +329,9 @@ class PrometheusExporter:
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server, self._thread = serve(port, self.addr, self.registry, max_handlers)
+        self._server, self._thread = serve(port, self.addr, self.registry, max_handlers,
+                                           max_connections=max_connections, read_timeout_s=read_timeout_s,
+                                           request_timeout_s=request_timeout_s)
         self.port: int = self._server.server_port
 
     # -- called by the sampler (a powertrain.telemetry.sampler.SampleSink) ------------------------
@@ -253,4 +388,5 @@ class PrometheusExporter:
     def close(self) -> None:
         """Stop serving."""
         self._server.shutdown()
+        self._thread.join(10)
         self._server.server_close()

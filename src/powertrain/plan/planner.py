@@ -18,12 +18,14 @@ its spec without them (:func:`powertrain.spec.effective.as_single_run`); ``power
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from powertrain.plan.sweep_spec import SpecError, SweepSpec, expand
+from powertrain.plan.sweep_spec import SpecError, SweepSpec, iter_expand
+from powertrain.predict.calibration import Calibration, load_calibration
 from powertrain.predict.memory import fits
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS
 from powertrain.spec.effective import effective_config
@@ -124,10 +126,16 @@ def _short(key: str) -> str:
     return _SHORT.get(name, name)
 
 
+# a run id names a folder (with a repeat's ``.rK`` and powertrain's suffixes after it): well under the
+# 200 bytes of core.names.MAX_NAME_BYTES; longer ids keep their start and end in a hash of the whole
+MAX_RUN_ID = 160
+
+
 def run_id(settings: dict[str, Any]) -> str:
     """A readable, stable id from the grid values, e.g. ``gpt3-175b.tp2.pp16.base``.
 
-    Only ``a-z 0-9 . -`` appear in it, whatever the keys and values hold."""
+    Only ``a-z 0-9 . -`` appear in it, whatever the keys and values hold; at most :data:`MAX_RUN_ID`
+    characters (a longer one is cut and ends in 8 hex digits of its hash, so ids stay distinct)."""
     parts = []
     for key, value in _flatten(settings).items():
         if isinstance(value, bool):
@@ -138,15 +146,19 @@ def run_id(settings: dict[str, Any]) -> str:
             parts.append(_slug(value))
         else:
             parts.append(f"{_short(key)}{_slug(value)}")
-    return ".".join(parts).strip(".") or "run"
+    rid = ".".join(parts).strip(".") or "run"
+    if len(rid) > MAX_RUN_ID:  # a folder name has 255 bytes; many long axes would pass them
+        rid = f"{rid[:MAX_RUN_ID - 9].rstrip('.-')}-{hashlib.sha256(rid.encode()).hexdigest()[:8]}"
+    return rid
 
 
-def _memory(config: RunConfig) -> tuple[float | None, float | None, str | None]:
+def _memory(config: RunConfig, calibration: Calibration | None = None) -> tuple[float | None, float | None, str | None]:
     """(bytes per device, capacity, reason it does not fit) from the analytical memory model.
 
     The memory model is part of powertrain (no optional dependency): a failure to import or run it is
-    an error, never a plan that silently skips the memory check."""
-    ok, need, breakdown = fits(config)
+    an error, never a plan that silently skips the memory check. ``calibration``: the profile, loaded
+    once per plan by the caller (looking it up again for each point was 40 % of planning a big grid)."""
+    ok, need, breakdown = fits(config, calibration)
     capacity = breakdown.get("capacity_bytes") if isinstance(breakdown, dict) else None
     if ok:
         return need, capacity, None
@@ -161,11 +173,14 @@ def plan(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> Plan:
     """Expand, validate, size and de-duplicate every run of ``spec``.
 
     At most ``max_points`` grid points, and as many runs once repeats are counted; more is a
-    :class:`SpecError` naming the number, before anything is built."""
+    :class:`SpecError` naming the number, before anything is built. Time and memory are linear in the
+    points: each is expanded, checked and kept as its :class:`PlannedRun` (the merged dict is dropped),
+    and a duplicate is found by its effective configuration in a dict, not by comparing with each run."""
     runs: list[PlannedRun] = []
     seen_ids: dict[str, int] = {}
     seen_effective: dict[str, str] = {}
-    for exp in expand(spec, max_points):
+    calibration = load_calibration(None)
+    for exp in iter_expand(spec, max_points):
         rid = run_id(exp.settings)
         if rid in seen_ids:
             seen_ids[rid] += 1
@@ -178,17 +193,20 @@ def plan(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> Plan:
             run.status, run.reasons = "rejected", [f"spec: {exp.error}"]
             continue
         violations = validate(exp.config)
+        resolved = None
         with contextlib.suppress(ValueError):  # show the derived dp even on rejected runs
-            run.config = exp.config.model_copy(update={
+            run.config = resolved = exp.config.model_copy(update={
                 "layout": exp.config.layout.resolve(exp.config.hardware.world), "name": rid})
         if violations:
             limits_only = all(v.rule in TRAINER_LIMIT_RULES for v in violations)
             run.status = "unsupported" if limits_only else "rejected"
             run.reasons = [str(v) for v in violations]
             continue
-        world = exp.config.hardware.world
-        run.config = exp.config.model_copy(update={"layout": exp.config.layout.resolve(world), "name": rid})
-        need, capacity, why = _memory(run.config)
+        if resolved is None:  # a valid run whose layout does not resolve: the error, as it always was
+            world = exp.config.hardware.world
+            resolved = exp.config.model_copy(update={"layout": exp.config.layout.resolve(world), "name": rid})
+        run.config = resolved
+        need, capacity, why = _memory(run.config, calibration)
         run.mem_per_device_bytes, run.mem_capacity_bytes = need, capacity
         if why and spec.launch.memory_check == "reject":
             run.status, run.reasons = "rejected", [why]

@@ -1,8 +1,13 @@
-"""Sweep state on disk: ``<sweep>/sweep.json``, the lock that keeps two sweeps apart, and resume.
+"""Sweep state on disk: ``<sweep>/sweep.json`` and its change log, the lock that keeps two sweeps apart,
+and resume.
 
-``sweep.json`` is the single record of a sweep: every planned, rejected and duplicate run with its
-status, reason, configuration and axes. It is rewritten atomically after every change, so a Ctrl-C or
-a crash at any moment leaves a readable state. Statuses of runs::
+``sweep.json`` is the record of a sweep: every planned, rejected and duplicate run with its status,
+reason, configuration and axes. It is written whole when the sweep starts (merged with the state on
+disk) and when it ends; in between, each change is one line appended to ``sweep.state.jsonl``
+(:mod:`powertrain.store.sweep_log`), which every reader replays — a grid of 100 000 points no longer
+rewrites hundreds of MB after each run. A Ctrl-C or a crash at any moment leaves a readable state:
+the last compaction plus every change logged since (a line torn by the crash is ignored). Statuses
+of runs::
 
     planned ─► running ─► ok | failed | oom        rejected, duplicate: never launched
 
@@ -25,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from powertrain.plan.planner import Plan
-from powertrain.store.rundir import default_host, file_mode, make_dir, read_json, write_json_atomic
+from powertrain.store.rundir import default_host, file_mode, make_dir
+from powertrain.store.sweep_log import GENERATION, append_change, read_sweep, write_compacted
 from powertrain.store.targets import refuse_link
 
 FINISHED = ("ok", "failed", "oom")
@@ -63,6 +69,10 @@ def sweep_lock(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the flock
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 class SpecChanged(RuntimeError):
@@ -104,11 +114,12 @@ def _check_unchanged(folder: Path, plan: Plan, previous: dict[str, dict[str, Any
 
 
 class SweepState:
-    """The runs of one sweep folder and their statuses, persisted in ``sweep.json``."""
+    """The runs of one sweep folder and their statuses: ``sweep.json`` plus its change log."""
 
     def __init__(self, folder: Path, data: dict[str, Any]) -> None:
         self.folder = folder
         self.data = data
+        self._index = {r["id"]: r for r in data.get("runs", [])}  # run() in constant time, not a scan
 
     @property
     def path(self) -> Path:
@@ -119,21 +130,33 @@ class SweepState:
         return self.data["runs"]
 
     def run(self, run_id: str) -> dict[str, Any]:
-        return next(r for r in self.runs if r["id"] == run_id)
+        if len(self._index) != len(self.runs):  # runs added to the list directly
+            self._index = {r["id"]: r for r in self.runs}
+        return self._index[run_id]
 
     def save(self) -> None:
-        """Rewrite sweep.json (atomically, the project's file mode); a link planted there is refused."""
-        self.data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json_atomic(refuse_link(self.path), self.data)
+        """Write sweep.json whole with every change folded in, and drop the change log (atomically, the
+        project's file mode; a link planted there is refused)."""
+        self.data["updated"] = _now()
+        write_compacted(self.folder, self.data)
 
     def set(self, run_id: str, **fields: Any) -> None:
+        """Change fields of one run: in memory, and one line appended to the change log."""
         self.run(run_id).update(fields)
-        self.save()
+        self.data["updated"] = _now()
+        append_change(self.folder, {"id": run_id, "set": fields, "updated": self.data["updated"]},
+                      self.data.get(GENERATION, 0))
+
+    def note(self, **fields: Any) -> None:
+        """Change keys of the sweep record itself (``idle_baseline``), logged as :meth:`set` logs."""
+        self.data.update(fields)
+        self.data["updated"] = _now()
+        append_change(self.folder, {"top": fields, "updated": self.data["updated"]}, self.data.get(GENERATION, 0))
 
     @classmethod
     def load(cls, folder: Path) -> SweepState | None:
-        path = folder / "sweep.json"
-        return cls(folder, read_json(path)) if path.is_file() else None
+        data = read_sweep(folder)
+        return cls(folder, data) if data is not None else None
 
     @classmethod
     def create_or_merge(cls, folder: Path, plan: Plan, rerun: Collection[str] = ()) -> SweepState:
@@ -161,6 +184,9 @@ class SweepState:
             "name": plan.spec.name,
             "spec": plan.spec.model_dump(mode="json"),
             "runs": runs,
+            # past the generation on disk: a change log left by a killed sweep is never replayed twice
+            GENERATION: old.data.get(GENERATION, 0) if old else 0,
+            **({"idle_baseline": old.data["idle_baseline"]} if old and "idle_baseline" in old.data else {}),
         })
         state.save()
         return state

@@ -38,10 +38,11 @@ import itertools
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from powertrain.core.sampling import MAX_RATE_HZ
@@ -139,7 +140,7 @@ def _set_dotted(target: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node.get(p), dict):
             node[p] = {}
         node = node[p]
-    node[parts[-1]] = copy.deepcopy(value)
+    node[parts[-1]] = _copy_plain(value)
 
 
 def apply_settings(target: dict[str, Any], settings: dict[str, Any]) -> None:
@@ -239,10 +240,9 @@ def _resolve_variant(name: str, variants: dict[str, Any], seen: tuple[str, ...] 
     return out
 
 
-class ExpandedRun(BaseModel):
+@dataclass
+class ExpandedRun:
     """One point of the grid, before validation: its settings and the configuration they give."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     index: int
     settings: dict[str, Any]  # the grid values that made this run (dotted keys), variant included
@@ -252,24 +252,42 @@ class ExpandedRun(BaseModel):
     error: str | None = None
 
 
+def _copy_plain(value: Any) -> Any:
+    """A copy of YAML data (dicts, lists, scalars): what ``copy.deepcopy`` gives, without its memo and
+    dispatch, which cost more than validating the point; anything else goes through ``deepcopy``."""
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return copy.deepcopy(value)
+
+
 def expand(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> list[ExpandedRun]:
     """Every grid point of ``spec`` in order, merged onto ``base`` and validated as a RunConfig.
 
     A grid of more than ``max_points`` points is refused (:class:`SpecError`) before it is built, and so
     is one whose groups set one axis twice (:func:`overlapping_axes`)."""
+    return list(iter_expand(spec, max_points))
+
+
+def iter_expand(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> Iterator[ExpandedRun]:
+    """:func:`expand` one point at a time (the planner keeps what it needs of each, not every merged dict).
+
+    The checks run when the first point is asked for. Time and memory are linear in the points."""
     check_grid_size(spec, max_points)
     overlap = overlapping_axes(spec)
     if overlap:
         raise SpecError(overlap)
     groups = [_group_settings(g, f"grid[{i}]") for i, g in enumerate(spec.grid)] or [[{}]]
     memo: dict[str, dict[str, Any]] = {}
-    runs: list[ExpandedRun] = []
     for index, combo in enumerate(itertools.product(*groups)):
         settings: dict[str, Any] = {}
         for part in combo:
             settings.update(part)
         variant = settings.pop("variant", None)
-        raw = copy.deepcopy(spec.base)
+        raw = _copy_plain(spec.base)
         apply_settings(raw, settings)
         if variant is not None:
             apply_settings(raw, _resolve_variant(str(variant), spec.variants, memo=memo))
@@ -282,8 +300,7 @@ def expand(spec: SweepSpec, max_points: int = DEFAULT_MAX_POINTS) -> list[Expand
             config, error = None, pydantic_message(exc)
         except (KeyError, ValueError) as exc:
             config, error = None, str(exc).strip("'\"")
-        runs.append(ExpandedRun(index=index, settings=settings, variant=variant, raw=raw, config=config, error=error))
-    return runs
+        yield ExpandedRun(index=index, settings=settings, variant=variant, raw=raw, config=config, error=error)
 
 
 def pydantic_message(exc: ValidationError) -> str:

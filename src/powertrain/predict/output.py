@@ -12,6 +12,7 @@ from typing import Any
 from powertrain.predict.calibration import Calibration
 from powertrain.predict.core import Prediction, predict
 from powertrain.store import RunDir
+from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import write_json_atomic
 from powertrain.store.targets import check_run_target
 
@@ -46,12 +47,15 @@ def write_prediction(run_dir: str | Path, config: Any, prediction: Prediction | 
 
     ``run_dir`` must be new or empty; an existing prediction is replaced only with ``force``, and a
     measured or imported run never (:func:`powertrain.store.targets.check_run_target`). The directory
-    is built in a hidden sibling folder and renamed into place, so a failure leaves nothing behind.
+    is built in a hidden sibling folder and renamed into place, so a failure leaves nothing behind (and
+    the folder a killed one left is removed here, :func:`powertrain.store.leftovers.remove_stale`).
     """
     target = check_run_target(run_dir, "prediction", force=force)
     pred = prediction or predict(config, calibration)
     cfg = config.model_dump(mode="json") if hasattr(config, "model_dump") else None
     target.absolute().parent.mkdir(parents=True, exist_ok=True)
+    # the staging folder of a `predict` killed here before (kill -9 skips the finally below)
+    remove_stale(target.absolute().parent, [f".{target.name}.predicting-*"])
     tmp = Path(tempfile.mkdtemp(dir=target.absolute().parent, prefix=f".{target.name}.predicting-"))
     try:
         rd = RunDir(tmp / "run").create()
