@@ -1,25 +1,30 @@
-"""Is peak memory flat in run length? Compaction and summarize of 1 h vs 24 h of sampler telemetry.
+"""Is peak memory flat in run length? Compaction, summarize, report and trace of 1 h vs 24 h of a run.
 
 Writes, in a temporary folder, the run directory a ``powertrain monitor`` run of 8 GPUs sampled at
 20 Hz leaves when its sampler was killed before compacting: ``telemetry/<host>.parts/seg-*.parquet``,
 one 15 s segment each (the sampler's segment length), plus ``run.json`` and the host's meta. The
 signals are synthetic (bursty step-periodic power with its energy counter, a warming temperature,
 power-cap throttling, clocks, utilization, memory, link bytes; seeded, so both lengths carry the same
-kind of data). There are no step events: a monitored command without markers, so what is measured
-is the telemetry path alone.
+kind of data). Its 8 ranks mark 2 s steps with forward / backward / optimizer phases (the first 5
+steps warm-up, the rest measured; rank ``r``'s step lasts 1.98 + 0.002·r s, tokens and samples on
+every step), written as the recorder leaves them, ``events/rank-<r>.parquet`` (57.6k events for
+1 h, 1.38M for 24 h; ``--no-events``: a monitored command without markers, the telemetry path alone).
 
 Then, each in a fresh child process (its peak RSS is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``,
 the child's own high-water mark, start-up included):
 
 1. **compaction**: :func:`powertrain.store.tables.finalize_run_streams` (segments → ``<host>.parquet``);
 2. **summarize**: :func:`powertrain.analyze.summarize_run` (every metric of summary.json);
-3. **report**: :func:`powertrain.report.build.build_report` with PNG figures (``--no-report`` skips it).
+3. **report**: :func:`powertrain.report.build.build_report` with PNG figures, its summary included
+   (``--no-report`` skips it);
+4. **trace**: :func:`powertrain.trace.perfetto.export_trace`, the Perfetto JSON (``--no-trace`` skips it).
 
 It prints each figure for the short and the long run, and the ratio long / short. Target: the 24 h
 figure within 1.2× of the 1 h one for every step.
 
     python benchmarks/memory_scaling.py                       # 1 h vs 24 h (a few minutes on 2 cores)
     python benchmarks/memory_scaling.py --hours 0.25 --long-hours 2   # a quicker check
+    python benchmarks/memory_scaling.py --workdir /tmp/ms    # keep the runs (reused by the next call)
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from powertrain.schema import TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
+from powertrain.analyze.synthetic import step_events
+from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.rundir import RunDir, write_json_atomic
+from powertrain.store.tables import COMPACT_ROW_GROUP_ROWS
 
 T0 = 1_700_000_000_000_000_000
 HOST = "node000"
@@ -45,6 +52,10 @@ DEVICES = 8
 SEGMENT_S = 15.0
 FIELDS = ("power_w", "energy_j", "temp_c", "clock_sm_mhz", "throttle", "util_pct", "mem_used_bytes",
           "power_limit_w", "link_tx_bytes")
+RANKS = DEVICES  # one rank per GPU
+STEP_S = 2.0
+WARMUP_STEPS = 5
+STEPS_PER_CHUNK = 4096  # steps of one rank generated and written at a time
 
 
 def _segment(i: int, rate_hz: float, step_s: float, rng: np.random.Generator, energy0: np.ndarray,
@@ -78,8 +89,24 @@ def _segment(i: int, rate_hz: float, step_s: float, rng: np.random.Generator, en
     return pa.table(cols, schema=TELEMETRY_SCHEMA)
 
 
-def build(root: Path, hours: float, rate_hz: float, step_s: float = 2.0) -> tuple[Path, int, int]:
-    """A run directory with ``hours`` of segments; returns (path, telemetry rows, segments)."""
+def write_events(run: RunDir, seconds: float) -> int:
+    """Every rank's step events over ``seconds`` (see the module doc); returns how many were written."""
+    n_steps = int(seconds // STEP_S)
+    rows = 0
+    for r in range(RANKS):
+        with pq.ParquetWriter(run.events_file(r), EVENTS_SCHEMA, compression="zstd") as w:
+            for first in range(0, n_steps, STEPS_PER_CHUNK):
+                t = step_events(r, first, min(STEPS_PER_CHUNK, n_steps - first), t0_ns=T0, period_s=STEP_S,
+                                step_s=STEP_S * 0.99 + 0.002 * r, warmup=WARMUP_STEPS)
+                w.write_table(t, row_group_size=COMPACT_ROW_GROUP_ROWS)
+                rows += t.num_rows
+    return rows
+
+
+def build(root: Path, hours: float, rate_hz: float, step_s: float = STEP_S, events: bool = True
+          ) -> tuple[Path, int, int, int]:
+    """A run directory with ``hours`` of segments (and step events); returns (path, telemetry rows,
+    segments, events)."""
     run = RunDir(root).create()
     parts = run.telemetry_dir / f"{HOST}.parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -102,7 +129,8 @@ def build(root: Path, hours: float, rate_hz: float, step_s: float = 2.0) -> tupl
                "generator": "benchmarks/memory_scaling.py", "command": ["train.sh"], "exit_code": 0,
                "start_ns": T0, "end_ns": t_end, "hosts": [HOST], "devices": devices,
                "fields_supported": list(FIELDS), "not_measured": [], "telemetry_notes": [], "incidents": []})
-    return run.path, rows, segments
+    n_events = write_events(run, segments * SEGMENT_S) if events else 0
+    return run.path, rows, segments, n_events
 
 
 CHILD = r"""
@@ -116,10 +144,17 @@ if kind == "compact":
 elif kind == "summarize":
     from powertrain.analyze import summarize_run
     s = summarize_run(path)
-    out = {k: s["metrics"].get(k) for k in ("energy_j", "power_mean_w", "cluster_power_peak_w", "temp_spread_c")}
-else:
+    out = {k: s["metrics"].get(k) for k in ("energy_j", "power_mean_w", "cluster_power_peak_w", "temp_spread_c",
+                                            "step_time_mean_s", "tokens_per_s")}
+elif kind == "report":
+    import os
     from powertrain.report.build import build_report
-    build_report(path, path + "/report", formats=("png",))
+    if os.path.exists(path + "/summary.json"):  # the summary is part of what a report costs
+        os.unlink(path + "/summary.json")
+    build_report(path, path + "/report", formats=("png",), force=True)
+else:
+    from powertrain.trace.perfetto import export_trace
+    out = export_trace(path, path + "/trace.json", force=True)
 wall = time.perf_counter() - t
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print("RESULT " + json.dumps({"wall_s": wall, "rss_bytes": ru.ru_maxrss * 1024, **out}))
@@ -133,12 +168,18 @@ def child(kind: str, path: Path) -> dict[str, float]:
     return json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
 
 
-def measure(root: Path, hours: float, rate_hz: float, steps: list[str]) -> dict[str, dict[str, float]]:
+def measure(root: Path, hours: float, rate_hz: float, steps: list[str], events: bool
+            ) -> dict[str, dict[str, float]]:
     t = time.perf_counter()
-    path, rows, segments = build(root / f"run-{hours:g}h", hours, rate_hz)
-    size = sum(p.stat().st_size for p in (path / "telemetry").rglob("*.parquet"))
-    print(f"{hours:g} h: {rows:,} telemetry rows ({DEVICES} devices × {rate_hz:g} Hz) in {segments} segments, "
-          f"{size / 2**20:.0f} MiB, written in {time.perf_counter() - t:.1f} s", flush=True)
+    path = root / f"run-{hours:g}h{'' if events else '-no-events'}"
+    if (path / "run.json").is_file():  # a kept run (--workdir): its files are what this length writes
+        print(f"{hours:g} h: reusing {path} (compacted already if a compaction was measured on it)", flush=True)
+    else:
+        path, rows, segments, n_events = build(path, hours, rate_hz, events=events)
+        size = sum(p.stat().st_size for p in (path / "telemetry").rglob("*.parquet"))
+        print(f"{hours:g} h: {rows:,} telemetry rows ({DEVICES} devices × {rate_hz:g} Hz) in {segments} segments, "
+              f"{size / 2**20:.0f} MiB; {n_events:,} events of {RANKS} ranks; written in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
     res = {}
     for kind in steps:
         res[kind] = child(kind, path)
@@ -152,13 +193,23 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=1.0, help="the short run's length (default 1)")
     ap.add_argument("--long-hours", type=float, default=24.0, help="the long run's length (default 24)")
     ap.add_argument("--rate", type=float, default=20.0, help="samples per second per device (default 20)")
-    ap.add_argument("--no-report", action="store_true", help="measure compaction and summarize only")
+    ap.add_argument("--steps", default="compact,summarize,report,trace",
+                    help="what to measure, comma-separated (default: compact,summarize,report,trace)")
+    ap.add_argument("--no-report", action="store_true", help="skip the report")
+    ap.add_argument("--no-trace", action="store_true", help="skip the trace")
+    ap.add_argument("--no-events", action="store_true", help="no step events (telemetry alone)")
+    ap.add_argument("--workdir", type=Path, help="build the runs here and keep them (reused when present)")
     ap.add_argument("--target", type=float, default=1.2, help="largest accepted ratio long / short")
     args = ap.parse_args()
-    steps = ["compact", "summarize", *([] if args.no_report else ["report"])]
+    skip = {"report"} if args.no_report else set()
+    skip |= {"trace"} if args.no_trace else set()
+    steps = [s for s in args.steps.split(",") if s and s not in skip]
+    if set(steps) - {"compact", "summarize", "report", "trace"}:
+        ap.error(f"--steps: unknown {sorted(set(steps) - {'compact', 'summarize', 'report', 'trace'})}")
     with tempfile.TemporaryDirectory(prefix="pt-memory-scaling-") as tmp:
-        short = measure(Path(tmp), args.hours, args.rate, steps)
-        long = measure(Path(tmp), args.long_hours, args.rate, steps)
+        root = args.workdir or Path(tmp)
+        short = measure(root, args.hours, args.rate, steps, not args.no_events)
+        long = measure(root, args.long_hours, args.rate, steps, not args.no_events)
     ok = True
     print(f"peak RSS, {args.long_hours:g} h / {args.hours:g} h (target ≤ {args.target:g}×):")
     for kind in steps:

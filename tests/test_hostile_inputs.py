@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+import damage as damaged
 from powertrain.analyze.synthetic import T0_NS, events_table, write_run
 from powertrain.cli import app
 from powertrain.diagnostics import LOGGER
@@ -44,12 +45,19 @@ class Hostile:
     names: str | tuple[str, ...]  # the error line names one of these (the file, or the field)
     invalid: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    # content cases (damaged content that still reads): the command may succeed, but what it found must
+    # be said — ``note`` appears in its output, or in the file ``note_in`` (relative to the case folder)
+    note: str | tuple[str, ...] = ""
+    note_in: str = ""
+    absent: tuple[str, ...] = ()  # text that must not reach the output raw (terminal escapes)
+    # where new files may appear (relative paths; None: anywhere under the case folder)
+    writes_under: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Case:
     id: str
-    area: str  # spec | monitor | rundir | import
+    area: str  # spec | monitor | rundir | import | content
     make: Callable[[Path], Hostile]
     # through the installed console script instead of in-process: a few on purpose, and every case
     # that could exhaust memory or time before its fix lands (run under MEMORY_LIMIT and a timeout)
@@ -413,6 +421,149 @@ IMPORTS: list[tuple[str, Callable[[Path], Hostile]]] = [
     ("auto-garbage", _import_file("auto", "mystery.bin", os.urandom(256), "mystery.bin")),
 ]
 
+# --- damaged content that still reads ---------------------------------------------------------------
+# The figure a command prints from such content is only honest with its note; a refusal is fine too.
+
+
+def _telemetry_edit(edit: Callable[[pa.Table], pa.Table]) -> Callable[[Path], None]:
+    def damage(run: Path) -> None:
+        path = _telemetry_file(run)
+        pq.write_table(edit(pq.read_table(path)), path)
+    return damage
+
+
+def _clock_step_back(seconds: float) -> Callable[[pa.Table], pa.Table]:
+    """The host's clock steps back ``seconds`` half-way through and runs on from there."""
+    def edit(t: pa.Table) -> pa.Table:
+        ts = t["t_ns"].to_numpy().copy()
+        mid = ts.min() + (ts.max() - ts.min()) // 2
+        ts[ts > mid] -= int(seconds * 1e9)
+        return t.set_column(t.column_names.index("t_ns"), "t_ns", pa.array(ts, pa.int64()))
+    return edit
+
+
+
+
+def _negative_tokens(run: Path) -> None:
+    path = _events_file(run)
+    t = pq.read_table(path)
+    tok = t["tokens"].to_pylist()
+    i = next(i for i, v in enumerate(tok) if v)
+    tok[i] = -abs(tok[i])
+    pq.write_table(t.set_column(t.column_names.index("tokens"), t.schema.field("tokens"),
+                                pa.array(tok, t.schema.field("tokens").type)), path)
+
+
+def _content_run(damage: Callable[[Path], None], note: str | tuple[str, ...], *, long: bool = False
+                 ) -> Callable[[Path], Hostile]:
+    def make(tmp: Path) -> Hostile:
+        run = (write_run(tmp / "run", hosts=1, devices_per_host=2, steps=5, step_s=20.0) if long
+               else _good_run(tmp))
+        damage(run)
+        return Hostile(["summarize", str(run)], "run", invalid=False, note=note, note_in="run/summary.json")
+    return make
+
+
+def _nvsmi_with(rows: str, note: str | tuple[str, ...]) -> Callable[[Path], Hostile]:
+    def make(tmp: Path) -> Hostile:
+        (tmp / "gpu.csv").write_text(NVSMI_HEAD + rows)
+        return Hostile(["import", "nvsmi", str(tmp / "gpu.csv"), "--out", str(tmp / "imported"), "--tz", "UTC"],
+                       "gpu.csv", invalid=False, note=note, note_in="imported/run.json")
+    return make
+
+
+def _nvsmi_at(seconds: list[float], power: str = "300.0 W") -> str:
+    def stamp(x: float) -> str:
+        h, rest = divmod(x, 3600)
+        m, sec = divmod(rest, 60)
+        return f"2024/05/01 {10 + int(h):02d}:{int(m):02d}:{sec:06.3f}"
+    return "".join(f"{stamp(x)}, 0, {power}, 60\n" for x in seconds)
+
+
+def _fifo(tmp: Path, name: str) -> Path:
+    path = tmp / name
+    os.mkfifo(path)
+    return path
+
+
+def _fifo_spec(command: list[str]) -> Callable[[Path], Hostile]:
+    def make(tmp: Path) -> Hostile:
+        spec = _fifo(tmp, "spec.yaml")
+        argv = ["run", str(spec), "--check"] if command == ["run"] else [*command, str(spec)]
+        return Hostile(argv, "spec.yaml")
+    return make
+
+
+def _fifo_in_run(which: str, command: str) -> Callable[[Path], Hostile]:
+    def make(tmp: Path) -> Hostile:
+        run = _good_run(tmp)
+        target = _telemetry_file(run) if which == "telemetry" else _events_file(run)
+        target.unlink()
+        os.mkfifo(target)
+        argv = ["trace", str(run), "--out", str(tmp / "trace.json")] if command == "trace" else [command, str(run)]
+        return Hostile(argv, target.name)
+    return make
+
+
+def _host_as_path(tmp: Path) -> Hostile:
+    (tmp / "a" / "b").mkdir(parents=True)
+    (tmp / "gpu.csv").write_text(NVSMI_HEAD + _nvsmi_rows())
+    return Hostile(["import", "nvsmi", str(tmp / "gpu.csv"), "--out", str(tmp / "a" / "b" / "imported"),
+                    "--tz", "UTC", "--host", "../../x"], "--host", writes_under=())
+
+
+def _spec_name(name: str) -> Callable[[Path], Hostile]:
+    def make(tmp: Path) -> Hostile:
+        spec = tmp / "spec.yaml"
+        spec.write_text(_replace(GOOD_RUN, "name: tiny", f"name: {json.dumps(name.replace('{tmp}', str(tmp)))}"))
+        return Hostile(["run", str(spec), "--check"], ("name", "spec.yaml"), writes_under=())
+    return make
+
+
+def _escapes_in_names(tmp: Path) -> Hostile:
+    run = _good_run(tmp)
+    info = json.loads((run / "run.json").read_text())
+    info["name"] = "run\x1b]0;owned\x07\x1b[2J\u202etxt.exe"
+    (run / "run.json").write_text(json.dumps(info))
+    return Hostile(["summarize", str(run)], "run", invalid=False, note="\\x1b",
+                   absent=("\x1b", "\u202e", "\x07"))
+
+
+def _out_is_a_sweep(tmp: Path) -> Hostile:
+    sweep = tmp / "sweep"
+    write_run(sweep / "point-0", hosts=1, devices_per_host=1, steps=2)
+    (sweep / "sweep.json").write_text(json.dumps({"name": "sweep", "runs": []}))
+    return Hostile(["monitor", "-q", "--out", str(sweep), "--", "true"], "sweep", writes_under=())
+
+
+CONTENT: list[tuple[str, Callable[[Path], Hostile]]] = [
+    ("rundir/telemetry-clock-steps-back-3s",
+     _content_run(_telemetry_edit(_clock_step_back(3.0)), ("the clock went backwards", "energy over a window"))),
+    ("rundir/telemetry-hole-80s",
+     _content_run(_telemetry_edit(damaged.hole(20.0, 80.0)), "gaps longer than energy bridges", long=True)),
+    ("rundir/power-nan", _content_run(_telemetry_edit(damaged.power_every(float("nan"))), ("implausible", "non-finite"))),
+    ("rundir/power-negative", _content_run(_telemetry_edit(damaged.power_every(-400.0)), ("implausible", "negative"))),
+    ("rundir/tokens-negative", _content_run(_negative_tokens, "carry a count below zero")),
+    ("rundir/rank-events-missing",
+     _content_run(lambda r: (r / "events" / "rank-1.parquet").unlink(), ("events/rank-1.parquet", "tokens_per_s"))),
+    ("import/nvsmi-clock-steps-back-30s",
+     _nvsmi_with(_nvsmi_at([i * 1.0 for i in range(60)] + [30.0 + i for i in range(60)]),
+                 ("the clock goes backwards", "gpu.csv:62"))),
+    ("import/nvsmi-hole-1h", _nvsmi_with(_nvsmi_at([i * 1.0 for i in range(30)] + [3630.0 + i for i in range(30)]),
+                                         ("gap(s) in the readings longer than", "3601.0 s"))),
+    ("names/import-host-is-a-path", _host_as_path),
+    ("names/spec-name-absolute", _spec_name("{tmp}/elsewhere/x")),
+    ("names/spec-name-nested", _spec_name("sub/dir")),
+    ("names/terminal-escapes-in-a-run-name", _escapes_in_names),
+    ("files/spec-is-a-fifo/plan", _fifo_spec(["plan"])),
+    ("files/spec-is-a-fifo/run-check", _fifo_spec(["run"])),
+    ("files/telemetry-is-a-fifo/summarize", _fifo_in_run("telemetry", "summarize")),
+    ("files/events-is-a-fifo/trace", _fifo_in_run("events", "trace")),
+    ("monitor/out-is-a-sweep", _out_is_a_sweep),
+]
+# a FIFO blocks the reader that opens it: bounded subprocesses, so a regression fails instead of hanging
+HANG_HOSTILE = frozenset(name for name, _ in CONTENT if "fifo" in name)
+
 # --- the table ------------------------------------------------------------------------------------
 
 # sizes that, unbounded, allocate per device or per point: run as bounded subprocesses
@@ -446,6 +597,9 @@ def _build_cases() -> list[Case]:
         cases.append(Case(f"rundir/{cmd}/file-not-folder", "rundir", _file_as_run(cmd)))
     for name, make in IMPORTS:
         cases.append(Case(f"import/{name}", "import", make, fixed_by="import messages"))
+    for name, make in CONTENT:
+        cases.append(Case(f"content/{name}", "content", make, subprocess=name in HANG_HOSTILE,
+                          fixed_by="issue 29"))
     # a few through the real console script: the one error path of main(), not only of the app
     cases.append(Case("spec/plan/non-utf8/console-script", "spec",
                       _spec_case("non-utf8", b"name: \xff\n", "{spec}", ["plan"]), subprocess=True))
@@ -535,21 +689,63 @@ def run_case(case: Case, tmp: Path) -> Outcome:
         code, out, err = _invoke(h.argv, h.env, case.subprocess, tmp)
         after = snapshot(tmp)
     problems: list[str] = []
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    if code == -9:
+        problems.append(PROBLEM_HANG)
     if h.invalid and code == 0:
         problems.append("exit code 0 for an invalid input")
     if "Traceback" in err or "Traceback" in out:
         problems.append("a traceback")
-    if len(lines) != 1:
-        problems.append(f"{len(lines)} lines on stderr, not one")
-    elif not any(n in lines[0] for n in ((h.names,) if isinstance(h.names, str) else h.names)):
-        problems.append(f"the error line does not name {' or '.join(map(repr, [h.names] if isinstance(h.names, str) else h.names))}")
+    problems += _message_problems(h, out, err, tmp)
     changed = [p for p, digest in before.items() if after.get(p) != digest]
     if changed:
         problems.append(f"pre-existing files changed or removed: {', '.join(sorted(changed)[:5])}")
+    if h.writes_under is not None:
+        new = [p for p in after if p not in before and not any(p.startswith(w) for w in h.writes_under)]
+        if new:
+            problems.append(f"written outside its target: {', '.join(sorted(new)[:5])}")
     if (tmp / "pwned").exists():
         problems.append("an injected command ran")
     return Outcome(case.id, code, err, out, problems)
+
+
+PROBLEM_HANG = "no answer (hang)"
+
+
+def _message_problems(h: Hostile, out: str, err: str, tmp: Path) -> list[str]:
+    """What the command said: one line naming the input (a refusal), or the note (content that reads)."""
+    names = (h.names,) if isinstance(h.names, str) else h.names
+    if h.note:
+        said = " ".join((out + err).split())
+        if h.note_in:
+            target = tmp / h.note_in
+            said += " " + (" ".join(target.read_text(errors="replace").split()) if target.is_file() else "")
+        notes = (h.note,) if isinstance(h.note, str) else h.note
+        missing = [n for n in notes if n not in said]
+        problems = [f"no note {n!r} (silent)" for n in missing]
+    else:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if len(lines) != 1:
+            problems = [f"{len(lines)} lines on stderr, not one"]
+        elif not any(n in lines[0] for n in names):
+            problems = [f"the error line does not name {' or '.join(map(repr, names))}"]
+        else:
+            problems = []
+    problems += [f"{a!r} reached the output raw" for a in h.absent if a in out or a in err]
+    return problems
+
+
+def kind_of_problem(problem: str) -> str:
+    """The benchmark's columns: silent-wrong (no refusal or note), hang, data lost (a file changed or
+    written outside its target), code ran, message (the line itself)."""
+    if problem == PROBLEM_HANG:
+        return "hang"
+    if problem.startswith(("pre-existing files", "written outside")):
+        return "data lost"
+    if problem.startswith("an injected command"):
+        return "code ran"
+    if problem.startswith(("exit code 0", "no note")) or "reached the output raw" in problem:
+        return "silent-wrong"
+    return "message"
 
 
 # --------------------------------------------------------------------------------------------- tests
@@ -566,7 +762,7 @@ def _restore_powertrain_logger() -> Iterator[None]:
 
 def test_the_table_is_large_and_covers_every_area() -> None:
     areas = {c.area for c in CASES}
-    assert areas == {"spec", "monitor", "rundir", "import"}
+    assert areas == {"spec", "monitor", "rundir", "import", "content"}
     assert len(CASES) >= 100
     assert len({c.id for c in CASES}) == len(CASES)
 

@@ -147,11 +147,18 @@ def test_published_layout_imports_every_run_with_the_same_numbers(tmp_path, impo
     res = runner.invoke(app, ["import", "mlperf", str(bench), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["result_0", "result_1", "result_2"]
-    for stem, name in (("result_0", RUNS[0]), ("result_1", RUNS[1])):
-        mine = json.loads((tmp_path / "out" / stem / "run.json").read_text())["mlperf"]
-        flat = json.loads((imported[name][1] / "run.json").read_text())["mlperf"]
-        for k in ("energy_run_j", "measurement_window_energy_j", "score_j"):
-            assert mine[k] == pytest.approx(flat[k], rel=1e-12), k
+    mine = json.loads((tmp_path / "out" / "result_0" / "run.json").read_text())["mlperf"]
+    flat = json.loads((imported[RUNS[0]][1] / "run.json").read_text())["mlperf"]
+    for k in ("energy_run_j", "measurement_window_energy_j", "score_j"):
+        assert mine[k] == pytest.approx(flat[k], rel=1e-12), k
+    # result_1 is the 1-node run under this folder's 8-node system description: 7 nodes the job had are
+    # missing, named, and the run's energy is unknown (the one measured node's is kept beside it)
+    mine = json.loads((tmp_path / "out" / "result_1" / "run.json").read_text())["mlperf"]
+    flat = json.loads((imported[RUNS[1]][1] / "run.json").read_text())["mlperf"]
+    assert mine["nodes_missing"] == [f"node_{i}" for i in range(1, 8)]
+    assert mine["energy_run_j"] is None and "without a power log" in mine["why_null"]["energy_run_j"]
+    assert mine["energy_run_measured_nodes_j"] == pytest.approx(flat["energy_run_j"], rel=1e-12)
+    assert mine["measurement_window_energy_j"] == pytest.approx(flat["measurement_window_energy_j"], rel=1e-12)
     info0 = json.loads((tmp_path / "out" / "result_0" / "run.json").read_text())
     assert info0["job_device_count"] == 64  # from ../../systems/<system>.json of the results repo
     # the result log without power: timing only, said in one line, exit 0
@@ -164,7 +171,7 @@ def test_published_layout_imports_every_run_with_the_same_numbers(tmp_path, impo
     res = runner.invoke(app, ["import", "mlperf", str(bench), "--result", "1", "--out", str(tmp_path / "one")])
     assert res.exit_code == 0, res.output
     one = json.loads((tmp_path / "one" / "run.json").read_text())["mlperf"]
-    assert one["energy_run_j"] == pytest.approx(
+    assert one["energy_run_measured_nodes_j"] == pytest.approx(
         json.loads((imported[RUNS[1]][1] / "run.json").read_text())["mlperf"]["energy_run_j"], rel=1e-12)
     res = runner.invoke(app, ["import", "mlperf", str(bench), "--result", "7", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "no result_7" in res.output

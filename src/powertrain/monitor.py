@@ -15,6 +15,12 @@ file, stops the sampler, compacts what it wrote and records in ``run.json`` how 
 ``powertrain monitor -- CMD`` calls), passing its output through to the terminal and into
 ``logs/``, forwarding Ctrl-C / SIGTERM once, and returning its exit code.
 
+The run's ``start_ns`` is the wall clock when it started; its ``end_ns`` is ``start_ns`` plus the
+*monotonic* time elapsed since (``duration_s`` the same), so a step of the system clock while it runs (an
+NTP step back of 60 s during a 15 s run once recorded −45 s) changes neither; the step is said in
+``run.json`` ``clock.wall_clock_step_s`` and a ``data_quality`` note. The sampler stamps its rows the same
+way (:mod:`powertrain.telemetry.sampler`).
+
 Around the lifecycle: :mod:`powertrain.supervise` runs the command (output, signals, exit code),
 :mod:`powertrain.slurm_tasks` coordinates the tasks of an ``srun`` step, and
 :mod:`powertrain.shared_fs` waits for files other nodes write into the run.
@@ -63,6 +69,12 @@ SAMPLER_START_TIMEOUT_S = 60.0
 # The sampler takes a last sample and compacts its segments when told to stop; on a loaded host that
 # can take tens of seconds, and killing it mid-compaction fails a healthy run, so the bound is generous.
 SAMPLER_STOP_TIMEOUT_S = 60.0
+# A wall clock that moved this much more (or less) than the monotonic clock during a run was stepped.
+WALL_STEP_NOTE_S = 1.0
+
+# The clocks a run's start, end and duration are read from (tests replace them: no sleeping).
+_wall_ns = time.time_ns
+_mono_ns = time.monotonic_ns
 
 
 class MonitorError(RuntimeError):
@@ -226,7 +238,8 @@ class Monitor:
             shutil.rmtree(d, ignore_errors=True)
 
     def _write_start(self) -> None:
-        t0 = time.time_ns()
+        t0 = _wall_ns()
+        self._t0_mono = _mono_ns()
         self.info = {
             "schema": "powertrain.run/1",
             "kind": "monitor",
@@ -243,7 +256,9 @@ class Monitor:
             "owner": {"host": self.host, "pid": os.getpid()},
             "platform": {"os": platform.platform(), "machine": platform.machine()},
             "software": _versions(),
-            "clock": {"start": clock_info()},
+            # the run's end is start_ns + monotonic time since monotonic_start_ns (module doc)
+            "clock": {"start": clock_info(), "monotonic_start_ns": self._t0_mono,
+                      "run_times": "start_ns: wall clock at the start; end_ns = start_ns + monotonic time elapsed"},
             "sampler": {"rate_hz": self.rate_hz, "backends": self.backends},
             # leading steps per rank that are warm-up, for steps recorded without a window
             "warmup_steps": self.warmup_steps,
@@ -395,7 +410,9 @@ class Monitor:
             raise MonitorError("cannot finish a run this process only attached to (call detach())")
         release_space(reserve_path(self.run.path))  # the space held for these last writes on a full disk
         notes = compact_streams(self.run)
-        t1 = time.time_ns()
+        t1, step_note = run_end(self.info)
+        if step_note:
+            notes.append(step_note)
         self.info.update(status=status, reason=reason, exit_code=exit_code, end_ns=t1, end=_iso(t1))
         self.info["clock"]["end"] = clock_info()
         self.info.update(collect_devices(self.run))
@@ -420,6 +437,26 @@ class Monitor:
             self.stop("failed", "interrupted (KeyboardInterrupt)")
         else:
             self.stop("failed", f"{exc_type.__name__}: {exc}")
+
+
+def run_end(info: dict[str, Any]) -> tuple[int, str | None]:
+    """The run's end on its own clock (``start_ns`` + monotonic time since ``clock.monotonic_start_ns``,
+    read on this host: the monotonic clock is the host's, shared by its processes), sets ``duration_s``
+    and, when the wall clock moved differently, ``clock.wall_clock_step_s``; returns the end and a note
+    for ``data_quality`` (None: no step). A run without a monotonic start (an older one) ends on the
+    wall clock."""
+    wall = _wall_ns()
+    start, mono0 = info.get("start_ns"), (info.get("clock") or {}).get("monotonic_start_ns")
+    if not isinstance(start, int) or not isinstance(mono0, int):
+        return wall, None
+    t1 = start + (_mono_ns() - mono0)
+    info["duration_s"] = (t1 - start) / 1e9
+    step = (wall - t1) / 1e9
+    if abs(step) < WALL_STEP_NOTE_S:
+        return t1, None
+    info.setdefault("clock", {})["wall_clock_step_s"] = step
+    return t1, (f"the system clock was stepped {'back' if step < 0 else 'forward'} by {abs(step):.1f} s while the run "
+                f"ran: its end and duration ({info['duration_s']:.1f} s) are on the monotonic clock, not the wall clock")
 
 
 def collect_devices(run: RunDir) -> dict[str, Any]:
@@ -504,7 +541,9 @@ def close_orphaned_run(run: RunDir, supervisor_pid: int, host: str) -> None:
         return
     release_space(reserve_path(run.path))
     notes = compact_streams(run)
-    t1 = time.time_ns()
+    t1, step_note = run_end(info)  # this is the owner's host (checked above): its monotonic clock
+    if step_note:
+        notes.append(step_note)
     what = "; ".join(stopped) if stopped else "no command was running"
     info.update(status="failed", end_ns=t1, end=_iso(t1), exit_code=None,
                 reason=f"supervisor killed: the process that ran the command (pid {supervisor_pid}) died "

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from powertrain.analyze.signal import OscillationStream, time_to_steady
-from powertrain.core.energy import CounterStream, PowerStream
+from powertrain.core.energy import CounterStream, Intervals, PowerStream, overlapping
 
 PASS_CHUNK_ROWS = 1 << 17  # rows (all devices) per query of the pass
 GAP_FACTOR = 2.5
@@ -111,6 +111,10 @@ class Plan:
     hold_limit_s: float
     steady_field: str | None
     spectra: set[tuple[str, str]] = field(default_factory=set)  # devices whose power spectrum is wanted
+    # per device: clock intervals re-lived after its clock stepped back (core.energy rule 5), and the
+    # median interval of its readings (the period of its gap limit, rule 4)
+    relived: dict[tuple[str, str], Intervals] = field(default_factory=dict)
+    gap_periods: dict[tuple[str, str], float | None] = field(default_factory=dict)
 
 
 class _Device:
@@ -127,8 +131,10 @@ class _Device:
         self.ramp: dict[str, float] = {f: -np.inf for f in plan.seg_fields if f in INTEGRATED}
         self.delta: dict[str, list[Any]] = {f: [0.0, 0, 0.0, 0] for f in plan.seg_fields if f not in INTEGRATED}
         self.steady: list[tuple[np.ndarray, np.ndarray]] = []
+        self.relived = plan.relived.get(key)
         self.power = (PowerStream(plan.w0, plan.w1, sub=plan.sub_windows, span=(plan.w0, plan.w1),
-                                  hold_limit_s=plan.hold_limit_s) if "power_w" in plan.energy_fields else None)
+                                  hold_limit_s=plan.hold_limit_s, period_s=plan.gap_periods.get(key),
+                                  relived=self.relived) if "power_w" in plan.energy_fields else None)
         self.counter: CounterStream | None = None
         self.unwrap_last: float | None = None
         self.unwrap_offset = 0.0
@@ -209,7 +215,8 @@ class _Device:
             ok = ~np.isnan(c)
             if ok.any():  # a device without counter readings has no counter figure (not a refused one)
                 if self.counter is None:
-                    self.counter = CounterStream(self.plan.w0, self.plan.w1, hold_limit_s=self.plan.hold_limit_s)
+                    self.counter = CounterStream(self.plan.w0, self.plan.w1, hold_limit_s=self.plan.hold_limit_s,
+                                                 relived=self.relived)
                 self.counter.add(ts[ok], self._unwrap(c[ok]))
 
     def _unwrap(self, c: np.ndarray) -> np.ndarray:
@@ -231,8 +238,11 @@ class _Device:
                 "max_interval_s": self.maxint / 1e9 if np.isfinite(self.maxint) else None,
                 "gaps": self.gaps, "gap_s": self.gap_s / 1e9 if self.ngap else None,
             })
+            # a ramp between readings a step back of the clock interleaved is between two moments
+            # that were not next to each other: not a ramp (the device's energy says why it is null)
+            stepped = self.relived is not None and overlapping(*self.relived, [self.plan.w0], [self.plan.w1])[0]
             for f, r in self.ramp.items():
-                out[f"{f}_ramp_max"] = r if np.isfinite(r) else None
+                out[f"{f}_ramp_max"] = r if np.isfinite(r) and not stepped else None
             for f, (s, n, s_s, n_s) in self.delta.items():
                 out[f"{f}_delta"] = s if n else None
                 out[f"{f}_delta_s"] = s_s if n_s else None

@@ -25,11 +25,26 @@ number once per repeat, and ``summary.json`` ``data_quality.repeated_steps`` and
 Before any of this, step events that cannot be a step are **dropped and counted**
 (:func:`screen_steps`): a duration (``t_end_ns − t_start_ns``) that is negative, zero, not finite
 (a missing stamp) or longer than :data:`MAX_STEP_S` (a stamp from another clock or a corrupted
-file). The count per reason reaches ``summary.json`` ``data_quality.dropped_steps`` and a note.
+file). The count per reason reaches ``summary.json`` ``data_quality.dropped_steps`` and a note. A
+kept step event's token or sample count below zero is not a count: it is **kept out** (unknown, as a
+missing count is) and counted in ``data_quality.dropped_steps.negative_counts``, with a note.
+
+**A rank the run had but whose step events are missing** (no ``events/rank-<r>.parquet``, or no
+measured step in it), for a run whose ``rank_map`` lists its ranks, is named
+(``StepData.missing``: the summary's note and ``data_quality.missing_ranks``). Step times cover the
+ranks that recorded steps. When a whole data-parallel replica is missing, the steps' tokens and
+samples are unknown (null, with the reason), never the other replicas' sum: per-token figures say
+they cannot be computed instead of dividing by part of the job.
+
+The events are read where they lie (:class:`powertrain.analyze.events.RunEvents`: DuckDB over the
+Parquet files): the step events one rank at a time, the phases' self times one rank at a time in
+chunks of start time, so memory follows the number of measured steps (the per-step arrays), not
+the number of events.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,16 +52,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from powertrain.analyze.events import DUR_NS, KEPT_STEP, MAX_STEP_NS, RunEvents
+
 # No training step lasts a week: a longer one pairs stamps of different clocks or is corrupted.
-MAX_STEP_S = 7 * 24 * 3600.0
+MAX_STEP_S = MAX_STEP_NS / 1e9
 _REASONS = ("negative duration", "zero duration", "no finite start or end", f"longer than {MAX_STEP_S / 86400:.0f} days")
 
 
-def screen_steps(events: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+def screen_steps(events: pa.Table | RunEvents) -> tuple[Any, dict[str, Any]]:
     """``events`` without the ``step`` events whose duration is negative, zero, not finite or longer
-    than :data:`MAX_STEP_S`, and what was dropped: ``{"count", "reasons": {reason: n}, "first"}``
-    (``first`` names the first dropped event, ``None`` when nothing was). Other kinds are kept."""
-    empty: dict[str, Any] = {"count": 0, "reasons": {}, "first": None}
+    than :data:`MAX_STEP_S`, and what was dropped: ``{"count", "reasons": {reason: n}, "first",
+    "negative_counts"}`` (``first`` names the first dropped event, ``None`` when nothing was;
+    ``negative_counts``: :func:`negative_counts`). Other kinds are kept. Events on disk
+    (:class:`RunEvents`) are screened by a query and returned as they are: whoever reads them applies
+    the same rule (:data:`powertrain.analyze.events.KEPT_STEP`)."""
+    if isinstance(events, RunEvents):
+        return events, screened(events)
+    empty: dict[str, Any] = {"count": 0, "reasons": {}, "first": None, "negative_counts": dict(NO_NEGATIVE)}
     if events.num_rows == 0:
         return events, empty
     is_step = pc.fill_null(pc.equal(events["kind"], "step"), False).to_numpy(zero_copy_only=False)
@@ -61,11 +83,68 @@ def screen_steps(events: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
             reasons[reason] = int(hit.sum())
             bad |= hit
     if not bad.any():
-        return events, empty
+        with RunEvents.from_table(events) as ev:
+            return events, {**empty, "negative_counts": negative_counts(ev)}
     i = int(np.flatnonzero(bad)[0])
     first = (f"rank {events['rank'][i].as_py()} step {events['step'][i].as_py()}: "
              f"{'no duration' if not np.isfinite(dur[i]) else f'{dur[i]:.6g} s'}")
-    return events.filter(pa.array(~bad)), {"count": int(bad.sum()), "reasons": reasons, "first": first}
+    kept = events.filter(pa.array(~bad))
+    with RunEvents.from_table(kept) as ev:
+        neg = negative_counts(ev)
+    return kept, {"count": int(bad.sum()), "reasons": reasons, "first": first, "negative_counts": neg}
+
+
+# A step event's reason to be dropped, in _REASONS' order (they exclude each other): SQL over view ev.
+_REASON_SQL = (f"CASE WHEN t_start_ns IS NULL OR t_end_ns IS NULL THEN 2 WHEN {DUR_NS} < 0 THEN 0 "
+               f"WHEN {DUR_NS} = 0 THEN 1 WHEN {DUR_NS} > {MAX_STEP_NS} THEN 3 END")
+
+
+def screened(ev: RunEvents) -> dict[str, Any]:
+    """What :func:`screen_steps` drops from the events ``ev``, counted by a query (nothing loaded).
+
+    A duration compared in whole nanoseconds is the same test as the seconds :func:`screen_steps`
+    computes (a nonzero whole-second part outweighs any nanosecond rest, and a week is exact)."""
+    counts = dict(ev.rows(f"SELECT {_REASON_SQL} AS why, count(*) FROM ev WHERE kind = 'step' GROUP BY why"))
+    reasons = {r: int(counts[i]) for i, r in enumerate(_REASONS) if counts.get(i)}
+    out: dict[str, Any] = {"count": sum(reasons.values()), "reasons": reasons, "first": None,
+                           "negative_counts": negative_counts(ev)}
+    if reasons:
+        t = ev.arrow(f"SELECT rank, step, t_start_ns, t_end_ns FROM ev WHERE kind = 'step' AND {_REASON_SQL} "
+                     f"IS NOT NULL ORDER BY {ev.order} LIMIT 1")
+        dur = float(_durations_s(t)[0])
+        out["first"] = (f"rank {t['rank'][0].as_py()} step {t['step'][0].as_py()}: "
+                        f"{'no duration' if not np.isfinite(dur) else f'{dur:.6g} s'}")
+    return out
+
+
+NO_NEGATIVE: dict[str, Any] = {"count": 0, "fields": {}, "first": None}
+# The step events whose counts the measured steps read (kept by the screen, with a step number).
+STEP_ROWS = f"{KEPT_STEP} AND step IS NOT NULL"
+
+
+def negative_counts(ev: RunEvents) -> dict[str, Any]:
+    """The kept step events whose ``tokens`` or ``samples`` is below zero, which :func:`measured_steps`
+    reads as unknown: ``{"count": events, "fields": {"tokens": n, "samples": n}, "first"}``."""
+    n, tok, smp = ev.one(f"SELECT count(*), count(*) FILTER (tokens < 0), count(*) FILTER (samples < 0) "
+                         f"FROM ev WHERE {STEP_ROWS} AND (tokens < 0 OR samples < 0)")
+    if not n:
+        return dict(NO_NEGATIVE)
+    r = ev.rows(f"SELECT rank, step, tokens, samples FROM ev WHERE {STEP_ROWS} AND (tokens < 0 OR samples < 0) "
+                f"ORDER BY {ev.order} LIMIT 1")[0]
+    what = ", ".join(f"{k} {v}" for k, v in (("tokens", r[2]), ("samples", r[3])) if v is not None and v < 0)
+    return {"count": int(n), "fields": {k: int(v) for k, v in (("tokens", tok), ("samples", smp)) if v},
+            "first": f"rank {r[0]} step {r[1]}: {what}"}
+
+
+def negative_counts_note(dropped: dict[str, Any]) -> str | None:
+    """One note for the summary when step events carried negative counts (see :func:`negative_counts`)."""
+    neg = dropped.get("negative_counts") or {}
+    if not neg.get("count"):
+        return None
+    fields = ", ".join(f"{n} {f}" for f, n in neg["fields"].items())
+    return (f"{neg['count']} step event(s) carry a count below zero ({fields}; first: {neg['first']}): kept out "
+            "as unknown, so a step whose data-parallel replica has no other count has none; "
+            "data_quality.dropped_steps.negative_counts")
 
 
 def _durations_s(events: pa.Table) -> np.ndarray:
@@ -115,16 +194,20 @@ class StepData:
     repeated: dict[str, Any] = field(default_factory=lambda: dict(NO_REPEATS))
     # per step: which use of its number it is (0 first); (repeats[i], steps[i]) names step i (event_repeats)
     repeats: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # ranks of the rank map without measured step events (see missing_ranks)
+    missing: dict[str, Any] = field(default_factory=lambda: dict(NO_MISSING))
+    # why tokens and samples are unknown for every step (a data-parallel replica without events), else None
+    counts_why: str | None = None
 
     @property
     def n(self) -> int:
         return len(self.steps)
 
 
-def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = None,
+def measured_steps(events: pa.Table | RunEvents, rank_map: list[dict[str, Any]] | None = None,
                    warmup_steps: int | None = None) -> StepData | None:
-    """The measured steps of ``events`` (a table of :data:`powertrain.schema.EVENTS_SCHEMA`), or
-    ``None`` when there is no measured step event.
+    """The measured steps of ``events`` (a table of :data:`powertrain.schema.EVENTS_SCHEMA`, or a run's
+    events where they lie, :class:`RunEvents`), or ``None`` when there is no measured step event.
 
     ``warmup_steps`` (the run's ``run.json`` ``warmup_steps``; ``None`` = 0) only matters when no step
     event carries a window: see the module doc. Impossible step events are dropped first
@@ -135,34 +218,121 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r} "
                          "(fix run.json's warmup_steps)")
-    if events.num_rows == 0:
-        return None
-    events, dropped = screen_steps(events)
-    all_steps = events.filter(pc.and_(pc.equal(events["kind"], "step"), pc.invert(pc.is_null(events["step"]))))
-    # the k-th event of a step number on its rank, over all its step events (warm-up included), so a
-    # repeat keeps its place whichever of its events the window takes
-    repeat = _ordinal(all_steps, by_step=True)
-    repeated = repeated_steps(all_steps, repeat)
-    all_steps = all_steps.append_column("_repeat", pa.array(repeat, pa.int64()))
+    if isinstance(events, pa.Table):
+        if events.num_rows == 0:
+            return None
+        with RunEvents.from_table(events) as ev:
+            return _measured(ev, rank_map, warmup_steps)
+    return _measured(events, rank_map, warmup_steps) if events.num_rows else None
+
+
+@dataclass
+class _RankSteps:
+    """One rank's measured step events (in start-time order) and the step numbers it reused."""
+
+    rank: int
+    step: np.ndarray
+    repeat: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    tokens: np.ndarray
+    samples: np.ndarray
+    again: int  # step events (all windows) whose number the rank had used before
+    first_again: tuple[tuple[int, ...], str] | None  # the earliest of them: (table-order key, its name)
+
+
+def _rank_steps(ev: RunEvents, rank: int, unmarked: bool, warmup_steps: int) -> _RankSteps:
+    """One rank's step events kept by the screen, in start-time order (ties in the files' order): which
+    use of its number each is, and which are measured (see the module doc)."""
+    t = ev.arrow(f"SELECT step, t_start_ns, t_end_ns, \"window\" = 'measured' AS measured, tokens, samples, _file, _row "
+                 f"FROM ev WHERE rank = ? AND {STEP_ROWS} ORDER BY t_start_ns, _file, _row", [rank])
+    step = t["step"].to_numpy().astype(np.int64)
+    t0 = t["t_start_ns"].to_numpy()
+    repeat = _time_ordinal(step)
+    if unmarked:  # the first warmup_steps of the rank by start time are its warm-up
+        keep = np.arange(len(step)) >= warmup_steps
+    else:
+        keep = pc.fill_null(t["measured"], False).to_numpy(zero_copy_only=False)
+    again = repeat > 0
+    first = None
+    if again.any():  # the earliest reuse; at equal starts the first in the table's order
+        i = int(np.flatnonzero(again)[np.argmin(t0[again])])
+        row = int(t["_row"][i].as_py())
+        key = (int(t0[i]), row) if ev.table_order else (int(t0[i]), rank, int(t["_file"][i].as_py()), row)
+        first = (key, f"rank {rank} step {int(step[i])} (event {int(repeat[i]) + 1} of that number)")
+    return _RankSteps(rank, step[keep], repeat[keep], t0[keep], t["t_end_ns"].to_numpy()[keep],
+                      _counts(t["tokens"])[keep], _counts(t["samples"])[keep], int(again.sum()), first)
+
+
+def _counts(col: pa.ChunkedArray) -> np.ndarray:
+    """A count column as float: null is nan; a count below zero (not a count: negative_counts) is
+    ``-inf``, which :func:`_per_replica_sum` reads as unknown where its replica has no other count."""
+    v = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).copy()
+    with np.errstate(invalid="ignore"):
+        v[v < 0] = -np.inf
+    return v
+
+
+def _time_ordinal(step: np.ndarray) -> np.ndarray:
+    """Per event of one rank (in start-time order): how many of its events of the same number came before."""
+    n = len(step)
+    order = np.argsort(step, kind="stable")
+    s = step[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = s[1:] != s[:-1]
+    first = np.flatnonzero(new)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    return out
+
+
+def _measured(ev: RunEvents, rank_map: list[dict[str, Any]] | None, warmup_steps: int) -> StepData | None:
+    """:func:`measured_steps` of events where they lie: one rank's step events at a time."""
+    dropped = screened(ev)
+    n_all, n_marked = ev.one(f"SELECT count(*), count(\"window\") FROM ev WHERE {STEP_ROWS}")
+    unmarked = bool(n_all) and not n_marked
     rule: str | None = None
-    if all_steps.num_rows and all_steps["window"].null_count == all_steps.num_rows:
-        steps_t = _after_warmup(all_steps, warmup_steps)
+    if unmarked:
         rule = (f"no step event carries a window: steps count as measured after the first {warmup_steps} "
                 "of each rank (warm-up)" if warmup_steps else
                 "no step event carries a window: every step counts as measured")
-    else:
-        steps_t = all_steps.filter(pc.equal(all_steps["window"], "measured"))
-    if steps_t.num_rows == 0:
+    parts = [_rank_steps(ev, r, unmarked, warmup_steps) for r in ev.ranks(STEP_ROWS)]
+    repeated = _repeats(parts)
+    parts = [p for p in parts if p.step.size]
+    if not parts:
         return None
-    rank = steps_t["rank"].to_numpy()
-    step = steps_t["step"].to_numpy()
-    t0 = steps_t["t_start_ns"].to_numpy()
-    t1 = steps_t["t_end_ns"].to_numpy()
-    tok = pc.cast(steps_t["tokens"], pa.float64()).to_numpy(zero_copy_only=False)  # nulls → nan
-    smp = pc.cast(steps_t["samples"], pa.float64()).to_numpy(zero_copy_only=False)
+    sd = _step_table(parts, rank_map)
+    sd.window_rule, sd.dropped, sd.repeated = rule, dropped, repeated
+    sd.missing = missing_ranks(ev, sd.ranks, rank_map)
+    if sd.missing["replicas_unknown"]:
+        sd.tokens = np.full(sd.n, np.nan)
+        sd.samples = np.full(sd.n, np.nan)
+        sd.counts_why = (f"{_ranks_text(sd.missing['ranks'])} of the rank map recorded no measured step: the "
+                         "tokens and samples of their data-parallel replica are unknown, and the other replicas' "
+                         "alone would be part of the job taken for the whole (data_quality.missing_ranks)")
+    # a reused step number's warm-up events are not the measured ones: phases inside the window only
+    sd.phases = _phases(ev, sd.steps, sd.window)
+    return sd
+
+
+def _repeats(parts: list[_RankSteps]) -> dict[str, Any]:
+    """``repeated_steps`` over every rank's step events (see :func:`repeated_steps`)."""
+    count = sum(p.again for p in parts)
+    if not count:
+        return dict(NO_REPEATS)
+    first = min((p.first_again for p in parts if p.first_again is not None), key=lambda f: f[0])
+    return {"count": count, "ranks": [p.rank for p in parts if p.again], "first": first[1]}
+
+
+def _step_table(parts: list[_RankSteps], rank_map: list[dict[str, Any]] | None) -> StepData:
+    """The per-step arrays from every rank's measured step events (see the module doc)."""
+    rank = np.concatenate([np.full(p.step.size, p.rank, dtype=np.int64) for p in parts])
+    step = np.concatenate([p.step for p in parts])
+    t0 = np.concatenate([p.t0 for p in parts])
+    t1 = np.concatenate([p.t1 for p in parts])
     ranks_arr, ri = np.unique(rank, return_inverse=True)
     # one column per (repeat, step number): a reused number is a step of its own, never overwritten
-    slots, si = np.unique(np.stack([steps_t["_repeat"].to_numpy(), step.astype(np.int64)], axis=1),
+    slots, si = np.unique(np.stack([np.concatenate([p.repeat for p in parts]), step], axis=1),
                           axis=0, return_inverse=True)
     si = si.reshape(-1)
     ranks = [int(r) for r in ranks_arr]
@@ -171,8 +341,8 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
     toks = np.full((len(ranks), len(uniq)), np.nan)
     smps = np.full((len(ranks), len(uniq)), np.nan)
     dur[ri, si] = (t1 - t0) / 1e9
-    toks[ri, si] = tok
-    smps[ri, si] = smp
+    toks[ri, si] = np.concatenate([p.tokens for p in parts])
+    smps[ri, si] = np.concatenate([p.samples for p in parts])
     replica = _replica_of(ranks, rank_map)
     step_time = np.nanmax(dur, axis=0)
     starts = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
@@ -185,15 +355,50 @@ def measured_steps(events: pa.Table, rank_map: list[dict[str, Any]] | None = Non
             spread = (np.nanmax(dur, axis=0) - np.nanmin(dur, axis=0)) / med * 100
         else:
             spread = np.full(len(uniq), np.nan)
-    # a reused step number's warm-up events are not the measured ones: phases inside the window only
-    in_window = pc.and_(pc.greater_equal(events["t_start_ns"], int(t0.min())), pc.less_equal(events["t_end_ns"], int(t1.max())))
-    phases = self_phases(events.filter(pc.fill_null(in_window, False)), set(uniq.tolist()))
     return StepData(
         steps=uniq, step_time_s=step_time, tokens=_per_replica_sum(toks, replica),
         samples=_per_replica_sum(smps, replica), t_start_ns=starts, t_end_ns=ends, ranks=ranks,
-        rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())), phases=phases,
-        window_rule=rule, dropped=dropped, repeated=repeated, repeats=slots[:, 0].astype(np.int64),
+        rank_step_s=dur, spread_pct=spread, window=(int(t0.min()), int(t1.max())),
+        repeats=slots[:, 0].astype(np.int64),
     )
+
+
+NO_MISSING: dict[str, Any] = {"count": 0, "ranks": [], "no_events": [], "replicas_unknown": False}
+
+
+def missing_ranks(ev: RunEvents, ranks: list[int], rank_map: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The ranks ``rank_map`` lists that have no measured step among ``ranks`` (those that have):
+    ``{"count", "ranks", "no_events": the ones without any event (no events file), "replicas_unknown":
+    whether a whole data-parallel replica is among them}``."""
+    listed = sorted({int(e["rank"]) for e in rank_map or [] if "rank" in e})
+    gone = [r for r in listed if r not in set(ranks)]
+    if not gone:
+        return dict(NO_MISSING)
+    with_events = set(ev.ranks())
+    replica = dict(zip(listed, _replica_of(listed, rank_map), strict=True))
+    present = {replica.get(r, ("rank", r)) for r in ranks}
+    return {"count": len(gone), "ranks": gone, "no_events": [r for r in gone if r not in with_events],
+            "replicas_unknown": any(replica[r] not in present for r in gone)}
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1, 3``, … (ten named at most)."""
+    listed = ", ".join(map(str, ranks[:10])) + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {listed}"
+
+
+def missing_ranks_note(missing: dict[str, Any]) -> str | None:
+    """One note for the summary when ranks of the rank map recorded no measured step (see :func:`missing_ranks`)."""
+    if not missing.get("count"):
+        return None
+    files = missing["no_events"]
+    where = (f" (no events file: {', '.join(f'events/rank-{r}.parquet' for r in files[:5])}"
+             f"{' …' if len(files) > 5 else ''})" if files else "")
+    counts = ("the tokens and samples of their data-parallel replica are unknown, so tokens_per_s and every "
+              "per-token figure are null" if missing["replicas_unknown"] else
+              "their replicas' tokens come from the replicas' other ranks")
+    return (f"{_ranks_text(missing['ranks'])} of the run's rank map recorded no measured step{where}: step times "
+            f"cover the other ranks; {counts}; data_quality.missing_ranks")
 
 
 NO_REPEATS: dict[str, Any] = {"count": 0, "ranks": [], "first": None}
@@ -287,14 +492,6 @@ def repeated_steps_note(repeated: dict[str, Any]) -> str | None:
             "step has one number; data_quality.repeated_steps")
 
 
-def _after_warmup(steps_t: pa.Table, warmup_steps: int) -> pa.Table:
-    """``steps_t`` without the first ``warmup_steps`` step events of each rank (by start time, the
-    order in which a recorder's automatic windows count them)."""
-    if warmup_steps == 0:
-        return steps_t
-    return steps_t.filter(pa.array(_ordinal(steps_t, by_step=False) >= warmup_steps))
-
-
 def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list[Any]:
     coords = {int(e["rank"]): (e.get("coords") or {}) for e in (rank_map or []) if "rank" in e}
     if all(r in coords and "dp" in coords[r] for r in ranks):
@@ -303,7 +500,9 @@ def _replica_of(ranks: list[int], rank_map: list[dict[str, Any]] | None) -> list
 
 
 def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
-    """Sum over replicas of the largest value within each replica, per step (nan if all unknown)."""
+    """Sum over replicas of the largest value within each replica, per step (nan if all unknown, and
+    nan where a replica's only counts were below zero, ``-inf`` in ``values``: its count is unknown, and
+    the others' sum would be taken for the step's)."""
     groups: dict[Any, list[int]] = {}
     for i, rep in enumerate(replica):
         groups.setdefault(rep, []).append(i)
@@ -313,8 +512,10 @@ def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-nan replicas are expected
             per_rep = np.vstack([np.nanmax(values[idx], axis=0) for idx in groups.values()])
+    poisoned = np.isneginf(per_rep).any(axis=0)
+    per_rep[np.isneginf(per_rep)] = np.nan
     out = np.nansum(per_rep, axis=0)
-    out[np.isnan(per_rep).all(axis=0)] = np.nan
+    out[np.isnan(per_rep).all(axis=0) | poisoned] = np.nan
     return out
 
 
@@ -322,7 +523,7 @@ def _per_replica_sum(values: np.ndarray, replica: list[Any]) -> np.ndarray:
 CONTAINER_LABELS = {"pipeline": "pipeline bubble + p2p wait"}
 
 
-def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]]:
+def self_phases(events: pa.Table | RunEvents | None, steps: set[int]) -> list[dict[str, Any]]:
     """Summed *self* seconds per (rank, label) of the non-step events inside ``steps``.
 
     Each event's direct parent is the innermost earlier event of the same rank that contains it; the
@@ -332,32 +533,65 @@ def self_phases(events: pa.Table | None, steps: set[int]) -> list[dict[str, Any]
     """
     if events is None or not events.num_rows or not steps:
         return []
-    sel = events.filter(pc.and_(pc.not_equal(events["kind"], "step"),
-                                pc.is_in(events["step"], pa.array(sorted(steps), pa.int64()))))
+    if isinstance(events, RunEvents):
+        return _phases(events, np.array(sorted(steps), dtype=np.int64), None)
+    with RunEvents.from_table(events) as ev:
+        return _phases(ev, np.array(sorted(steps), dtype=np.int64), None)
+
+
+def _phases(ev: RunEvents, steps: np.ndarray, window: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """:func:`self_phases` of the events of ``steps`` (numbers) lying inside ``window`` (all when None):
+    one rank at a time, in chunks of start time; the walk restarts only where no earlier event of the
+    rank can contain a later one (:func:`_independent_runs`), so it is the one walk over the rank."""
+    if not steps.size:
+        return []
+    ev.register_steps("_phase_steps", np.unique(steps))
+    where = "kind <> 'step' AND step IN (SELECT step FROM _phase_steps)"
+    params: list[Any] = []
+    if window is not None:
+        where += " AND t_start_ns >= ? AND t_end_ns <= ?"
+        params = [int(window[0]), int(window[1])]
     acc: dict[tuple[int, str], float] = {}
-    # one rank at a time (in rank order, as one sorted walk over all of them would go): the Python
-    # rows of the walk are one rank's, not the run's
-    for rank in sorted(r for r in pc.unique(sel["rank"]).to_pylist() if r is not None):
-        _rank_self_phases(sel.filter(pc.equal(sel["rank"], rank)), acc)
+    for rank in ev.ranks(where, params):
+        chunks = ev.rank_chunks(rank, where, "t_start_ns, t_end_ns, kind, name", "t_end_ns DESC", params)
+        for rows in _independent_runs(chunks):
+            _walk_self_phases(rank, rows, acc)
     return [{"rank": r, "kind": k, "seconds": v} for (r, k), v in sorted(acc.items())]
 
 
-def _rank_self_phases(sel: pa.Table, acc: dict[tuple[int, str], float]) -> None:
-    """Add one rank's self seconds per label to ``acc`` (see :func:`self_phases`)."""
-    rows = sorted(zip(sel["rank"].to_pylist(), sel["t_start_ns"].to_pylist(), sel["t_end_ns"].to_pylist(),
-                      sel["kind"].to_pylist(), sel["name"].to_pylist(), strict=True),
-                  key=lambda e: (e[0], e[1], -(e[2] - e[1])))  # enclosing interval first at equal starts
-    self_ns = [b - a for _, a, b, _, _ in rows]
+def _independent_runs(chunks: Iterator[list[tuple[Any, ...]]]) -> Iterator[list[tuple[Any, ...]]]:
+    """Rows ``(start, end, …)`` of one rank in walk order (start, then the longer first), regrouped so
+    that no row of a group contains a row of a later group: a group starts at a row that ends after
+    every row before it (none of them can be its parent, nor a later row's once it is popped). Rows
+    left after the last such row wait for the next chunk."""
+    carry: list[tuple[Any, ...]] = []
+    for chunk in chunks:
+        rows = carry + chunk
+        end = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        starts = np.flatnonzero(np.maximum.accumulate(end)[:-1] < end[1:]) + 1
+        if not starts.size:
+            carry = rows
+            continue
+        cut = int(starts[-1])
+        yield rows[:cut]
+        carry = rows[cut:]
+    if carry:
+        yield carry
+
+
+def _walk_self_phases(rank: int, rows: list[tuple[Any, ...]], acc: dict[tuple[int, str], float]) -> None:
+    """Add one rank's self seconds per label of ``rows`` (start, end, kind, name; walk order) to ``acc``."""
+    self_ns = [b - a for a, b, _, _ in rows]
     has_child = [False] * len(rows)
     stack: list[int] = []
-    for i, (rank, _, end, _, _) in enumerate(rows):
-        while stack and (rows[stack[-1]][0] != rank or rows[stack[-1]][2] < end):
-            stack.pop()  # not this rank's, or ends before this one ends: not a parent
+    for i, (start, end, _, _) in enumerate(rows):
+        while stack and rows[stack[-1]][1] < end:
+            stack.pop()  # ends before this one ends: not a parent
         if stack:
-            self_ns[stack[-1]] -= end - rows[i][1]
+            self_ns[stack[-1]] -= end - start
             has_child[stack[-1]] = True
         stack.append(i)
-    for (rank, _, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
+    for (_, _, kind, name), ns, child in zip(rows, self_ns, has_child, strict=True):
         label = kind
         if kind == "phase":
             label = name or "phase"
@@ -386,10 +620,14 @@ def step_stats(sd: StepData | None, dropped: dict[str, Any] | None = None,
     }
     why: dict[str, str] = {}
     total_t = float(np.sum(t))
+    negative = ((dropped or sd.dropped).get("negative_counts") or {}).get("fields") or {}
     for key, arr, label in (("tokens_per_s", sd.tokens, "tokens"), ("samples_per_s", sd.samples, "samples")):
         if np.isnan(arr).any() or total_t <= 0:
             m[key] = None
-            why[key] = f"step events carry no {label} count"
+            why[key] = (sd.counts_why if sd.counts_why else
+                        f"a measured step has no {label} count: {negative[label]} step event(s) carry one below "
+                        "zero, kept out as unknown (data_quality.dropped_steps.negative_counts)"
+                        if negative.get(label) else f"step events carry no {label} count")
         else:
             m[key] = float(np.sum(arr) / total_t)
     if len(sd.ranks) >= 2 and not np.isnan(sd.spread_pct).all():

@@ -168,6 +168,8 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
                          "dropped_steps": steps.screen_steps(ctx.events)[1],  # impossible step events
                          # step numbers a rank used more than once (each kept as a step of its own)
                          "repeated_steps": ctx.sd.repeated if ctx.sd is not None else dict(steps.NO_REPEATS),
+                         # ranks of the rank map without measured steps (events file missing)
+                         "missing_ranks": ctx.sd.missing if ctx.sd is not None else dict(steps.NO_MISSING),
                          # which sampled devices the run-level metrics count, and why (families.context)
                          "device_selection": {k: v for k, v in ctx.selection.items() if k != "note"}},
         "notes": notes,

@@ -22,7 +22,9 @@ import pyarrow.parquet as pq
 
 from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.analyze.summary import load_summary
-from powertrain.store.rundir import read_json, set_file_mode
+from powertrain.store.leftovers import remove_stale
+from powertrain.store.rundir import set_file_mode
+from powertrain.store.sweep_log import read_sweep
 from powertrain.store.validate import DamagedRun
 
 SWEEP_STATUSES = ("ok", "failed", "oom", "rejected", "unsupported", "duplicate", "not-run", "running")
@@ -97,7 +99,7 @@ def load_sweep(path: str | Path, *, refresh: bool = False, damaged: list[str] | 
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist")
-    meta = read_json(root / "sweep.json") if (root / "sweep.json").is_file() else {}
+    meta = read_sweep(root) or {}  # sweep.json with the changes logged since (store.sweep_log)
     entries = {str(e.get("id")): e for e in meta.get("runs", []) if e.get("id") is not None}
     folders = {c.name: c for c in sorted(root.iterdir()) if c.is_dir() and (c / "run.json").is_file()}
     order = list(entries) + [k for k in folders if k not in entries]
@@ -170,6 +172,7 @@ def write_sweep_table(path: str | Path, table: pa.Table) -> Path:
     final = Path(path) / "summary.parquet"
     if final.is_symlink() or (final.exists() and not final.is_file()):
         raise ValueError(f"{final}: not a file written by powertrain (a link or a folder); it is never replaced")
+    remove_stale(Path(path), [".summary.parquet.{pid}.tmp"])  # a summarize that was killed writing it
     tmp = Path(path) / f".summary.parquet.{os.getpid()}.tmp"
     try:
         pq.write_table(table, tmp)

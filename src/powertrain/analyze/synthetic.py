@@ -15,7 +15,8 @@ Signals, per device ``d`` (global index ``g``) at time ``t`` (seconds since the 
 * ``link_tx_bytes`` grows at ``link_bps`` bytes per second; ``power_limit_w`` is constant if given.
 
 Step events: ``warmup`` then ``steps`` measured steps per rank, back to back, each ``step_s``
-long (rank ``r`` adds ``straggle_s · r``), ``tokens_per_rank`` tokens each.
+long (rank ``r`` adds ``straggle_s · r``), ``tokens_per_rank`` tokens each. :func:`step_events` lays
+out the same rows with numpy, a chunk of steps at a time, for long runs (``benchmarks/memory_scaling.py``).
 """
 
 from __future__ import annotations
@@ -133,6 +134,53 @@ def events_table(
                              "window": win, "tokens": None, "samples": None, "loss": None, "mem_peak_bytes": None,
                              "microbatch": None, "attrs": None})
     return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+
+
+PHASE_SPLITS = (("forward", 0.0, 0.3), ("backward", 0.3, 0.8), ("optimizer", 0.8, 1.0))
+
+
+def step_events(rank: int, first: int, count: int, *, t0_ns: int = T0_NS, period_s: float = 2.0,
+                step_s: float | None = None, warmup: int = 0, tokens: int | None = 8192,
+                samples: int | None = 4, phases: bool = True) -> pa.Table:
+    """Steps ``first`` … ``first + count − 1`` of one rank, as :func:`events_table` lays them out (a step
+    event, then its forward / backward / optimizer phases when ``phases``), built with numpy so that a
+    long run's events (a day of 2 s steps: 43 200 per rank) can be written a chunk at a time.
+
+    Step ``s`` starts at ``t0_ns + s · period_s`` and lasts ``step_s`` (``period_s`` when not given);
+    the steps below ``warmup`` are marked ``warmup``, the others ``measured``."""
+    s = np.arange(first, first + count, dtype=np.int64)
+    a = t0_ns + np.round(s * period_s * 1e9).astype(np.int64)
+    dur = round((period_s if step_s is None else step_s) * 1e9)
+    b = a + dur
+    win = np.where(s < warmup, "warmup", "measured").astype(object)
+    parts = [("step", a, b)]
+    if phases:
+        parts += [(kind, a + int(dur * lo), a + int(dur * hi) if hi < 1.0 else b) for kind, lo, hi in PHASE_SPLITS]
+    k = len(parts)
+    n = count * k
+
+    def inter(values: list[np.ndarray]) -> np.ndarray:  # row j·k + i is part i of step j
+        return np.stack(values, axis=1).reshape(n)
+
+    is_step = np.tile(np.arange(k) == 0, count)
+    cols: dict[str, Any] = {
+        "rank": np.full(n, rank, dtype=np.int32),
+        "kind": inter([np.full(count, kind, dtype=object) for kind, _, _ in parts]),
+        "name": inter([np.char.add("step", s.astype(str)).astype(object)]
+                      + [np.full(count, kind, dtype=object) for kind, _, _ in parts[1:]]),
+        "step": np.repeat(s, k),
+        "t_start_ns": inter([x for _, x, _ in parts]),
+        "t_end_ns": inter([y for _, _, y in parts]),
+        "window": np.repeat(win, k),
+    }
+    table = {name: pa.array(v, EVENTS_SCHEMA.field(name).type) for name, v in cols.items()}
+    for name, value in (("tokens", tokens), ("samples", samples)):
+        table[name] = pa.array(np.where(is_step, value if value is not None else 0, 0),
+                               pa.int64(), mask=~is_step if value is not None else np.ones(n, dtype=bool))
+    table["loss"] = pa.array(np.where(is_step, 1.0 / (np.repeat(s, k) + 1), 0.0), pa.float64(), mask=~is_step)
+    for name in ("microbatch", "mem_peak_bytes", "attrs"):
+        table[name] = pa.nulls(n, EVENTS_SCHEMA.field(name).type)
+    return pa.table({f.name: table[f.name] for f in EVENTS_SCHEMA}, schema=EVENTS_SCHEMA)
 
 
 def write_run(

@@ -22,23 +22,40 @@ Definitions (all over the window ``[w0, w1]``):
 * **other counter increases** (link, PCIe bytes) are sums over *segments* between consecutive
   samples of a device, each clipped to the window with linearly interpolated end values. A segment
   with a null at either end contributes nothing; a negative counter step (a reset) contributes nothing;
-* a **gap** is a segment longer than 2.5 × the device's nominal sample period.
+* a **gap** is a segment longer than 2.5 × the device's nominal sample period (``gaps``, ``gap_s``: how
+  evenly it was sampled). Energy has its own, longer limit (:mod:`powertrain.core.energy`, rule 4: five
+  times the device's median interval, at least the hold limit), beyond which it is not bridged;
+* **time as written** (:func:`file_order`): each device's readings are also read in the order they were
+  written, once, to find where its clock stepped back (a stamp earlier than the one before it: the
+  analysis reads by time, where the two stretches would interleave) and its median sampling interval;
+  the intervals a step back re-lived are handed to the energy integral (rule 5), which refuses a window
+  they overlap. An import sorts its rows, so its importer records them in ``run.json`` ``data_quality``
+  (``devices[].relived_ns``), and :func:`device_stats` takes those too;
+* **implausible readings** (non-finite values, and negative ones of a quantity that cannot be negative:
+  power, energy, clocks, utilisation, memory, byte counters) are null in the views every query reads
+  (:func:`open_telemetry`), so no mean, peak or integral sees them; :func:`field_counts` counts them
+  per device and field for ``data_quality`` and the notes, as the importers' screen does.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from powertrain.analyze import device_pass
 from powertrain.analyze.device_pass import GAP_FACTOR as GAP_FACTOR
 from powertrain.analyze.device_pass import INTEGRATED
-from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S
+from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, Intervals, merge_intervals
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
 from powertrain.store.tables import telemetry_files
 
@@ -58,6 +75,13 @@ SERIES_CHUNK_ROWS = 1 << 18  # rows per query of device_mean_series (its ordered
 
 # name of a view -> the Parquet files behind it (an empty table for a run without telemetry)
 _SOURCES: dict[tuple[int, str], list[str] | pa.Table] = {}
+# name of a view -> its float fields present in the files (what field_counts screens)
+_RAW_FIELDS: dict[tuple[int, str], list[str]] = {}
+# Quantities that cannot be negative: a negative reading is implausible (importers.sanity's rule too).
+NON_NEGATIVE = frozenset({"power_w", "power_avg_w", "power_limit_w", "energy_j", "energy_dram_j", "clock_sm_mhz",
+                          "clock_mem_mhz", "util_pct", "util_mem_pct", "fan_pct", "cpu_util_pct", "mem_used_bytes",
+                          "pcie_tx_bytes", "pcie_rx_bytes", "link_tx_bytes", "link_rx_bytes", "cgroup_cpu_s",
+                          "cgroup_mem_bytes", "load_1m"})
 
 
 def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: str = "tel") -> int:
@@ -85,12 +109,23 @@ def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: st
         source = (f"(SELECT *, filename AS file, file_row_number AS file_row "
                   f"FROM read_parquet({flist}, union_by_name=true, filename=true, file_row_number=true))")
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-    cols = ["t_ns", "host", "device"]
+    cols, as_written = ["t_ns", "host", "device"], ["t_ns", "host", "device"]
+    screened = []
     for f, typ in TELEMETRY_FIELDS.items():
         sql_type = "BIGINT" if pa.types.is_integer(typ) else "DOUBLE"
-        cols.append(f if f in present else f"CAST(NULL AS {sql_type}) AS {f}")
+        if f not in present:
+            cols.append(f"CAST(NULL AS {sql_type}) AS {f}")
+        elif sql_type == "DOUBLE" or f in NON_NEGATIVE:
+            cols.append(f"CASE WHEN {_plausible(f, sql_type)} THEN {f} END AS {f}")
+            screened.append(f)
+        else:
+            cols.append(f)
+        as_written.append(f if f in present else f"CAST(NULL AS {sql_type}) AS {f}")
     con.execute(f"CREATE OR REPLACE VIEW {name}_rows AS SELECT {', '.join(cols)}, file, file_row FROM {source}")
     con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {', '.join(cols)} FROM {source}")
+    # the readings as written, for counting what the views keep out (field_counts)
+    con.execute(f"CREATE OR REPLACE VIEW {name}_raw AS SELECT {', '.join(as_written)} FROM {source}")
+    _RAW_FIELDS[(id(con), name)] = screened
     row = con.execute(f"SELECT count(*) FROM {name}").fetchall()[0]
     return int(row[0]) if row else 0
 
@@ -99,6 +134,56 @@ def release(con: duckdb.DuckDBPyConnection) -> None:
     """Forget the sources of ``con``'s telemetry views (call before closing it)."""
     for k in [k for k in _SOURCES if k[0] == id(con)]:
         del _SOURCES[k]
+    for k in [k for k in _RAW_FIELDS if k[0] == id(con)]:
+        del _RAW_FIELDS[k]
+
+
+def _plausible(f: str, sql_type: str = "DOUBLE") -> str:
+    """The SQL condition a reading of field ``f`` must meet to be seen by any metric: finite (DuckDB
+    orders NaN above every number, so one NaN was every peak) and not negative for a quantity that
+    cannot be."""
+    if sql_type != "DOUBLE":
+        return f"{f} >= 0"
+    return f"isfinite({f}) AND {f} >= 0" if f in NON_NEGATIVE else f"isfinite({f})"
+
+
+def field_counts(con: duckdb.DuckDBPyConnection, w0: int, w1: int, fields: Sequence[str], name: str = "tel"
+                 ) -> tuple[set[str], dict[tuple[str, str], dict[str, dict[str, int]]]]:
+    """Which of ``fields`` hold a plausible reading in [w0, w1], and per device, per field, how many
+    readings the views keep out, by kind (``non_finite``, ``negative``; devices and fields without any
+    are left out). One aggregate over the readings as written; a second, by kind, only for the fields
+    where the first found any (most runs have none)."""
+    screened = set(_RAW_FIELDS.get((id(con), name)) or [])
+    win = f"t_ns BETWEEN {int(w0)} AND {int(w1)}"
+    parts = [f"count(CASE WHEN {_plausible(f, _sql_type(f))} THEN 1 END)" if f in screened else f"count({f})"
+             for f in fields]
+    parts += [f"count({f})" for f in fields if f in screened]  # as written: what was kept out is the difference
+    row = con.execute(f"SELECT {', '.join(parts)} FROM {name}_raw WHERE {win}").fetchall()[0]
+    ok = dict(zip(fields, row[:len(fields)], strict=True))
+    written = dict(zip([f for f in fields if f in screened], row[len(fields):], strict=True))
+    present = {f for f, n in ok.items() if n}
+    suspect = sorted(f for f, n in written.items() if n != ok[f])
+    if not suspect:
+        return present, {}
+    kinds = []
+    for f in suspect:
+        floating = pa.types.is_floating(TELEMETRY_FIELDS[f])
+        if floating:
+            kinds.append(f"count(*) FILTER (WHERE {f} IS NOT NULL AND NOT isfinite({f})) AS \"{f}:non_finite\"")
+        if f in NON_NEGATIVE:
+            kinds.append(f"count(*) FILTER (WHERE {'isfinite(' + f + ') AND ' if floating else ''}{f} < 0) "
+                         f"AS \"{f}:negative\"")
+    bad: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
+    for r in _rows(con, f"SELECT host, device, {', '.join(kinds)} FROM {name}_raw WHERE {win} GROUP BY host, device"):
+        for k, n in r.items():
+            if ":" in k and n:
+                f, kind = k.split(":")
+                bad.setdefault((r["host"], r["device"]), {}).setdefault(f, {})[kind] = int(n)
+    return present, bad
+
+
+def _sql_type(f: str) -> str:
+    return "BIGINT" if pa.types.is_integer(TELEMETRY_FIELDS[f]) else "DOUBLE"
 
 
 def span(con: duckdb.DuckDBPyConnection, name: str = "tel") -> tuple[int, int] | None:
@@ -126,10 +211,107 @@ def _in_order(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
         con.execute(f"SET threads = {int(threads)}")
 
 
+MAX_RELIVED = 10_000  # re-lived intervals kept per device; beyond, one interval covering them all (refuses more)
+
+
+@dataclass
+class WrittenOrder:
+    """One device's readings in the order they were written: steps back of its clock (how many, how
+    far in all, the first one's times) and the clock intervals they re-lived; its median interval."""
+
+    steps_back: int = 0
+    stepped_back_s: float = 0.0
+    first_step: tuple[int, int] | None = None  # (stamp before the step, stamp stepped back to)
+    relived: list[Intervals] = field(default_factory=list)
+    intervals_ms: Counter[int] = field(default_factory=Counter)  # interval (ms, floored) -> how often
+    last: int | None = None
+    runmax: int | None = None
+
+    def add(self, ts: np.ndarray) -> None:
+        """The device's next readings, in written order."""
+        full = ts if self.last is None else np.concatenate([[self.last], ts])
+        rm = np.maximum.accumulate(full)
+        if self.runmax is not None:
+            rm = np.maximum(rm, self.runmax)
+        back = np.flatnonzero(full[1:] < full[:-1]) + 1
+        if back.size:
+            lo, hi = full[back], rm[back - 1]
+            if self.first_step is None:
+                self.first_step = (int(full[back[0] - 1]), int(lo[0]))
+            self.steps_back += int(back.size)
+            self.stepped_back_s += float((hi - lo).sum()) / 1e9
+            self.relived.append((lo, hi))
+            if sum(a.size for a, _ in self.relived) > MAX_RELIVED:
+                merged = self.merged()
+                self.relived = [merged if merged[0].size <= MAX_RELIVED else
+                                (merged[0][:1], merged[1][-1:])]
+        d = np.diff(full)
+        vals, counts = np.unique(d[d > 0] // 1_000_000, return_counts=True)
+        self.intervals_ms.update(dict(zip(vals.tolist(), counts.tolist(), strict=True)))
+        self.last, self.runmax = int(full[-1]), int(rm[-1])
+
+    def merged(self) -> Intervals:
+        if not self.relived:
+            return merge_intervals([], [])
+        return merge_intervals(np.concatenate([a for a, _ in self.relived]), np.concatenate([b for _, b in self.relived]))
+
+    @property
+    def median_period_s(self) -> float | None:
+        """The median interval between consecutive readings, to the millisecond (None: fewer than two)."""
+        total = sum(self.intervals_ms.values())
+        if not total:
+            return None
+        seen = 0
+        for ms in sorted(self.intervals_ms):
+            seen += self.intervals_ms[ms]
+            if 2 * seen >= total:
+                return (ms + 0.5) / 1e3
+        return None  # not reached: the counts add up to total
+
+
+def file_order(con: duckdb.DuckDBPyConnection, name: str = "tel") -> dict[tuple[str, str], WrittenOrder]:
+    """Every device's :class:`WrittenOrder`, from one pass over the view's files in the order the
+    readers concatenate them, one row group of ``t_ns``, ``host``, ``device`` at a time (memory: a row
+    group; the writers keep them to tens of thousands of rows)."""
+    src = _SOURCES.get((id(con), name))
+    out: dict[tuple[str, str], WrittenOrder] = {}
+    if not isinstance(src, list):
+        return out  # no telemetry files
+    for f in src:
+        pf = pq.ParquetFile(f, read_dictionary=["host", "device"])
+        # one row group at a time, on this thread: iter_batches reads ahead (tens of MiB more)
+        for i in range(pf.num_row_groups):
+            for batch in pf.read_row_group(i, columns=["t_ns", "host", "device"], use_threads=False).to_batches():
+                _written_batch(batch, out)
+    return out
+
+
+def _written_batch(batch: pa.RecordBatch, out: dict[tuple[str, str], WrittenOrder]) -> None:
+    """One batch's rows, per device in written order (a stable sort by device keeps it)."""
+    if batch.num_rows == 0:
+        return
+    t = batch.column("t_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    host, dev = batch.column("host"), batch.column("device")
+    if not isinstance(host, pa.DictionaryArray):
+        host = pc.dictionary_encode(host)
+    if not isinstance(dev, pa.DictionaryArray):
+        dev = pc.dictionary_encode(dev)
+    hosts, devs = host.dictionary.to_pylist(), dev.dictionary.to_pylist()
+    code = host.indices.to_numpy(zero_copy_only=False).astype(np.int64) * len(devs) + \
+        dev.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.argsort(code, kind="stable")
+    code, t = code[order], t[order]
+    bounds = np.r_[0, np.flatnonzero(code[1:] != code[:-1]) + 1, code.size]
+    for lo, hi in itertools.pairwise(bounds):
+        h, d = divmod(int(code[lo]), len(devs))
+        out.setdefault((hosts[h], devs[d]), WrittenOrder()).add(t[lo:hi])
+
+
 def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel", *,
                  sub_windows: tuple[np.ndarray, np.ndarray] | None = None,
                  hold_limit_s: float = DEFAULT_HOLD_LIMIT_S,
-                 spectra: Callable[[list[dict[str, Any]]], set[tuple[str, str]]] | None = None
+                 spectra: Callable[[list[dict[str, Any]]], set[tuple[str, str]]] | None = None,
+                 relived: dict[tuple[str, str], Intervals] | None = None,
                  ) -> list[dict[str, Any]]:
     """One dict per (host, device) with level, energy, counter, ramp, gap and throttle statistics.
 
@@ -139,14 +321,17 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     Energy keys (from :mod:`powertrain.core.energy`): ``energy_integral`` (a ``WindowEnergy`` of
     ``power_w``), ``energy_counter`` (of ``energy_j``, where the device has readings of it) and, with
     ``sub_windows`` (arrays of starts and ends), ``step_energy_j`` (per sub-window, NaN where refused)
-    with ``step_energy_why``."""
+    with ``step_energy_why``.
+
+    ``relived``: per device, clock intervals re-lived after steps back found elsewhere (an import's,
+    whose rows are sorted); those in the files' own written order are found here (:func:`file_order`),
+    with each device's median interval (its gap limit), and both go to the energy integral. Each row
+    gets ``written`` (its :class:`WrittenOrder`) and ``implausible`` (:func:`field_counts`)."""
     margin = int(EDGE_MARGIN_S * 1e9)
     win = f"t_ns BETWEEN {w0} AND {w1}"
     # Which fields hold any data in the window: the heavy queries below only touch those.
     all_fields = [*LEVEL_FIELDS, *MAX_FIELDS, "throttle", *COUNTERS, "energy_j"]
-    counts = con.execute(f"SELECT {', '.join(f'count({f})' for f in all_fields)} FROM {name} WHERE {win}"
-                         ).fetchall()[0]
-    present = {f for f, c in zip(all_fields, counts, strict=True) if c}
+    present, bad = field_counts(con, w0, w1, all_fields, name)
     level = [
         "count(*) AS rows", "min(t_ns) AS t_first_ns", "max(t_ns) AS t_last_ns",
         *[f"avg({f}) AS {f}_mean, max({f}) AS {f}_max, min({f}) AS {f}_min, count({f}) AS {f}_n"
@@ -177,18 +362,34 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     # Time to thermal steady state looks at the whole run (warm-up included), so then the pass reads it all.
     steady = "temp_c" in present
     lo, hi = (None, None) if steady else (w0 - margin, w1 + margin)
+    written = file_order(con, name)
+    back = {k: _all_relived(w, (relived or {}).get(k)) for k, w in written.items()}
+    back.update({k: _all_relived(None, v) for k, v in (relived or {}).items() if k not in back})
     plan = device_pass.Plan(w0, w1, seg_fields, energy_fields, periods,
                             {k: int(s.get("power_w_n") or 0) for k, s in by_key.items()}, sub_windows, hold_limit_s,
-                            "temp_c" if steady else None, spectra(stats) if spectra is not None else set())
+                            "temp_c" if steady else None, spectra(stats) if spectra is not None else set(),
+                            relived=back, gap_periods={k: w.median_period_s for k, w in written.items()})
     for key, row in device_pass.run_pass(con, name, plan, lo, hi).items():
         if key in by_key:
             by_key[key].update(row)
+    for k, s in by_key.items():
+        s["written"] = written.get(k) or WrittenOrder()
+        s["implausible"] = bad.get(k, {})
 
     for k, s in by_key.items():
         period = periods[k]
         s["period_s"] = period / 1e9 if period else None
         s["rate_hz"] = 1.0 / s["period_s"] if s["period_s"] else None
     return [by_key[k] for k in sorted(by_key)]
+
+
+def _all_relived(w: WrittenOrder | None, extra: Intervals | None) -> Intervals:
+    """A device's re-lived intervals: those of its written order and those given (merged)."""
+    parts = ([w.merged()] if w is not None else []) + ([extra] if extra is not None else [])
+    if not parts:
+        return merge_intervals([], [])
+    return merge_intervals(np.concatenate([np.asarray(a) for a, _ in parts]),
+                           np.concatenate([np.asarray(b) for _, b in parts]))
 
 
 def device_mean_series(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_ns: int, field: str = "power_w",

@@ -180,7 +180,64 @@ def _device_quality(s: dict[str, Any]) -> dict[str, Any]:
         row.update({"energy_from": "counter" if s.get("energy_counter") is not None else "integral",
                     "edge_held_s": e.edge_held_s, "held_start_s": e.held_start_s, "held_end_s": e.held_end_s,
                     "energy_why_null": e.why_null, **e.quality})
+    row.update(_time_quality(s))
+    row["implausible"] = s.get("implausible") or {}
     return row
+
+
+def _time_quality(s: dict[str, Any]) -> dict[str, Any]:
+    """One device's time as written (steps back of its clock over all its readings, its median
+    interval) and the gaps in the window its energy integral does not bridge."""
+    w = s.get("written")
+    integral = s.get("energy_integral")
+    first = w.first_step if w is not None else None
+    return {
+        "clock_steps_back": w.steps_back if w is not None else 0,
+        "clock_stepped_back_s": w.stepped_back_s if w is not None else 0.0,
+        "first_step_back": {"from_ns": first[0], "to_ns": first[1]} if first else None,
+        "median_interval_s": w.median_period_s if w is not None else None,
+        "long_gaps": integral.long_gaps if isinstance(integral, WindowEnergy) else None,
+        "long_gap_s": integral.long_gap_s if isinstance(integral, WindowEnergy) else None,
+        "gap_limit_s": integral.gap_limit_s if isinstance(integral, WindowEnergy) else None,
+        "bridged_gaps": integral.bridged_gaps if isinstance(integral, WindowEnergy) else None,
+        "bridged_gap_s": integral.bridged_gap_s if isinstance(integral, WindowEnergy) else None,
+        "bridged_gap_max_s": integral.bridged_gap_max_s if isinstance(integral, WindowEnergy) else None,
+    }
+
+
+def time_summary(devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """``data_quality.time``: the steps back of the clocks and the gaps energy does not bridge, over all
+    devices, naming them (each device's own figures are in ``data_quality.devices``)."""
+    back = [d for d in devices if d.get("clock_steps_back")]
+    gaps = [d for d in devices if d.get("long_gaps")]
+    return {
+        "clock_steps_back": sum(d["clock_steps_back"] for d in back),
+        "clock_stepped_back_s": sum(d["clock_stepped_back_s"] for d in back),
+        "devices_stepped_back": [f"{d['host']}/{d['device']}" for d in back],
+        "long_gaps": sum(d["long_gaps"] for d in gaps),
+        "long_gap_s": sum(d["long_gap_s"] for d in gaps),
+        "devices_with_long_gaps": [f"{d['host']}/{d['device']}" for d in gaps],
+        "bridged_gaps": sum(d.get("bridged_gaps") or 0 for d in devices),
+        "bridged_gap_s": sum(d.get("bridged_gap_s") or 0.0 for d in devices),
+        "rule": ("a step back is a reading stamped earlier than the one written before it; a long gap is an "
+                 "interval between readings beyond max(15 x the device's median interval, the 5 s hold limit), "
+                 "and energy over a window either falls in is null (core.energy rules 4 and 5); gaps over 5 "
+                 "median intervals up to that limit are bridged and counted (bridged_gaps)"),
+    }
+
+
+def implausible_summary(devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """``data_quality.implausible``: per field, the readings in the window the analysis kept out, by kind,
+    and the devices they came from."""
+    out: dict[str, Any] = {}
+    for d in devices:
+        for f, kinds in (d.get("implausible") or {}).items():
+            e = out.setdefault(f, {"count": 0, "kinds": {}, "devices": []})
+            e["count"] += sum(kinds.values())
+            for k, n in kinds.items():
+                e["kinds"][k] = e["kinds"].get(k, 0) + n
+            e["devices"].append(f"{d['host']}/{d['device']}")
+    return out
 
 
 def data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
@@ -189,13 +246,18 @@ def data_quality(info: dict[str, Any], dev_stats: list[dict[str, Any]], window_s
     hosts = info.get("sampler_hosts") or {}
     skew = info.get("clock_skew_ns") or (info.get("clock") or {}).get("skew_ns")
     n_hosts = len(info.get("hosts") or hosts or {s["host"] for s in dev_stats})
+    devices = [_device_quality(s) for s in dev_stats]
     return {
         "fields_supported": info.get("fields_supported") or [],
         "not_measured": info.get("not_measured") or [],
         "telemetry_notes": info.get("telemetry_notes") or [],
         "rate_hz_requested": {h: v.get("rate_hz_requested") for h, v in hosts.items()} or
                              (info.get("sampler") or {}).get("rate_hz"),
-        "devices": [_device_quality(s) for s in dev_stats],
+        "devices": devices,
+        "time": time_summary(devices),
+        "implausible": implausible_summary(devices),
+        # devices or nodes the job had that the data lacks (an importer's finding, e.g. an MLPerf node log)
+        "missing_devices": (info.get("data_quality") or {}).get("missing_devices"),
         "clock_skew_ns": skew,
         "clock_skew_note": ("single host: all rows stamped by one clock" if n_hosts <= 1 and skew is None
                             else ("measured" if skew is not None else "not measured across hosts")),

@@ -167,10 +167,10 @@ def _profile_target(name: str, output: Path | None, force: bool) -> Path:
 def _is_profile(path: Path) -> bool:
     import yaml
 
-    from powertrain.core.yamlfile import load_yaml
+    from powertrain.core.yamlfile import load_yaml_file
 
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"), path)
+        raw = load_yaml_file(path, "calibration profile")
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(raw, dict) and "coefficients" in raw and "name" in raw

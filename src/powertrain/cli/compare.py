@@ -12,7 +12,8 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from powertrain.analyze import format_value
-from powertrain.cli.root import app
+from powertrain.cli.root import app, shown_text
+from powertrain.core.names import printable
 
 # Piped into a file (`| tee`), rich would fold the table to 80 columns; keep it readable there too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)
@@ -32,8 +33,9 @@ def _ratio(r: float | None) -> str:
 
 def _side(meta: dict) -> str:
     tag = "PREDICTION" if meta.get("kind") == "prediction" else "measured"
-    window = f"\n    {meta['window_text']}" if meta.get("window_text") else ""
-    return f"{meta.get('run')} ({tag}, {meta.get('status')}){window}"
+    # names from the runs' files, escaped: no terminal escape sequence, bidi override or markup is obeyed
+    window = f"\n    {shown_text(meta['window_text'])}" if meta.get("window_text") else ""
+    return f"{shown_text(meta.get('run'))} ({tag}, {shown_text(meta.get('status'))}){window}"
 
 
 def _hidden_line(n: int, per_pair: bool = False) -> None:
@@ -70,12 +72,12 @@ def compare(
 
     for p in (a, b):
         if not p.exists():
-            err.print(f"[red]error:[/] {p} does not exist")
+            err.print(f"[red]error:[/] {shown_text(p)} does not exist")
             raise typer.Exit(2)
     try:
         res = do_compare(a, b, keep_null=all_metrics)
     except (ValueError, OSError) as exc:  # a damaged run is a DamagedRun (ValueError): RUN: file: problem
-        err.print(f"error: {exc}", markup=False, highlight=False, style="red")
+        err.print(f"error: {printable(exc)}", markup=False, highlight=False, style="red")
         raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(res, default=str))
@@ -91,15 +93,15 @@ def compare(
         if not all_metrics:
             _hidden_line(len(METRICS) - len(res["rows"]))
         return
-    t = Table(title=f"A = {res['a']}\nB = {res['b']}", header_style="bold")
+    t = Table(title=f"A = {shown_text(res['a'])}\nB = {shown_text(res['b'])}", header_style="bold")
     for col, just in _SWEEP_COLUMNS:
         t.add_column(col, justify=just)
     for p in res["pairs"]:
-        name = p["id_a"] if p["id_a"] == p["id_b"] else f"{p['id_a']} / {p['id_b']}"
+        name = shown_text(p["id_a"] if p["id_a"] == p["id_b"] else f"{p['id_a']} / {p['id_b']}")
         kinds = {p["kind_a"], p["kind_b"]}
         if "prediction" in kinds:
             name += f"\n({p['kind_a']} / {p['kind_b']})"
-        status = f"{p['status_a']} / {p['status_b']}"
+        status = shown_text(f"{p['status_a']} / {p['status_b']}")
         if not p["rows"]:  # e.g. a rejected run on both sides: keep the pair visible
             t.add_row(name, status, "(no metric on either side)", "—", "—", "—", "", end_section=True)
         for i, r in enumerate(p["rows"]):
@@ -110,4 +112,5 @@ def compare(
     if not all_metrics:
         _hidden_line(sum(len(SWEEP_KEY_METRICS) - len(p["rows"]) for p in res["pairs"]), per_pair=True)
     if res["only_a"] or res["only_b"]:
-        out.print(f"only in A: {', '.join(res['only_a']) or '—'}; only in B: {', '.join(res['only_b']) or '—'}")
+        out.print(f"only in A: {shown_text(', '.join(map(str, res['only_a'])) or '—')}; "
+                  f"only in B: {shown_text(', '.join(map(str, res['only_b'])) or '—')}")

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from powertrain.cli import app
+from powertrain.cli.root import shown_text
+from powertrain.core.names import printable
 
 if TYPE_CHECKING:
     from powertrain.importers.common import RunBuilder
@@ -97,6 +98,7 @@ def import_cmd(  # long function: mostly the typer declarations of the import op
     --warmup-steps, --hta; --tz unless a source holds local wall-clock stamps or an --anchor / --window
     time has no zone) is refused.
     """
+    _check_hosts(host)
     anchor_ns = _anchor_ns(anchor, tz)
     cap = _max_bytes(max_bytes)
     options: dict[str, Any] = dict(anchor_ns=anchor_ns, tz=tz, gpus=gpus, hosts=host or None,
@@ -149,9 +151,19 @@ def _mlperf_runs(kind: str, sources: list[Path], result: str | None) -> list[tup
 
 def _fail(exc: Exception) -> typer.Exit:
     # one line: control characters a source put in the message (a binary header, say) are escaped
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc))
-    Console(stderr=True, highlight=False).print(f"[red]error: {escape(text)}[/red]", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(f"[red]error: {shown_text(exc)}[/red]", soft_wrap=True)
     return typer.Exit(2)
+
+
+def _check_hosts(hosts: list[str] | None) -> None:
+    """``--host``: each a name (a host names its telemetry file: ``../../x`` would write outside the run)."""
+    from powertrain.core.names import check_name
+
+    for i, h in enumerate(hosts or []):
+        try:
+            check_name(h, "--host" if len(hosts or []) == 1 else f"--host #{i + 1}")
+        except ValueError as exc:
+            raise _fail(exc) from None
 
 
 def _anchor_ns(anchor: str | None, tz: str | None) -> int | None:
@@ -204,7 +216,7 @@ def _import(kind: str, sources: list[Path], out: Path, *, force: bool = False, m
     err = Console(stderr=True, highlight=False)
     for w in caught:
         if issubclass(w.category, ImportWarning_):
-            err.print(f"[yellow]warning: {escape(str(w.message))}[/yellow]", soft_wrap=True)
+            err.print(f"[yellow]warning: {shown_text(w.message)}[/yellow]", soft_wrap=True)
     return builder, run_dir
 
 
@@ -214,7 +226,7 @@ def _print_result(builder: RunBuilder, run_dir: Path) -> None:
     ev = builder.events()
     devices = {(h, d) for h, d in zip(tel.column("host").to_pylist(), tel.column("device").to_pylist(), strict=True)} \
         if tel.num_rows else set()
-    typer.echo(f"imported {len(builder.sources)} source(s) as {builder.format} → {run_dir}")
+    typer.echo(f"imported {len(builder.sources)} source(s) as {builder.format} → {printable(run_dir)}")
     typer.echo(f"  telemetry: {tel.num_rows} rows, {len({h for h, _ in devices})} host(s), {len(devices)} device(s)")
     kinds: dict[str, int] = {}
     for k in ev.column("kind").to_pylist() if ev.num_rows else []:
@@ -229,7 +241,7 @@ def _print_result(builder: RunBuilder, run_dir: Path) -> None:
         typer.echo(f"  job devices: {n if n is not None else 'unknown'} ({builder.info.get('job_device_count_source')})")
     det = builder.info.get("detected_events")
     if det:
-        typer.echo(f"  detected events: {len(det)} (" + ", ".join(sorted({d['name'] for d in det})) + ")")
+        typer.echo(f"  detected events: {len(det)} (" + printable(", ".join(sorted({str(d['name']) for d in det}))) + ")")
     _print_energy(builder, run_dir)
     if builder.dropped:
         typer.echo(f"  not imported: {len(builder.dropped)} item(s), listed in run.json import.dropped")

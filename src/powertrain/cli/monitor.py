@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from powertrain.cli.root import app
+from powertrain.cli.root import app, shown_text
 from powertrain.monitor import MonitorError, run_command
 from powertrain.slurm_tasks import run_task_command, slurm_task
 from powertrain.store.tables import telemetry_files
@@ -42,7 +42,8 @@ def print_summary(run_dir: Path, info: dict[str, Any], console: Console = err) -
     dur = (info["end_ns"] - info["start_ns"]) / 1e9 if info.get("end_ns") else None
     status = info.get("status")
     colour = "green" if status == "ok" else "red"
-    console.print(f"[bold]run[/] {run_dir}  [{colour}]{status}[/]" + (f" — {info['reason']}" if info.get("reason") else ""))
+    console.print(f"[bold]run[/] {shown_text(run_dir)}  [{colour}]{shown_text(status)}[/]"
+                  + (f" — {shown_text(info['reason'])}" if info.get("reason") else ""))
     console.print(f"duration {dur:.1f} s, {n_rows} telemetry rows" if dur is not None else "")
     table = Table(show_header=True, header_style="bold")
     for col in ("device", "rows", "rate", "field", "mean", "peak"):
@@ -51,19 +52,19 @@ def print_summary(run_dir: Path, info: dict[str, Any], console: Console = err) -
         first = True
         for field, (mean, peak) in dev["levels"].items():
             table.add_row(
-                f"{dev['host']}/{dev['device']}" if first else "",
+                shown_text(f"{dev['host']}/{dev['device']}") if first else "",
                 str(dev["rows"]) if first else "",
                 f"{dev['rate_hz']:.1f} Hz" if first and dev["rate_hz"] else "",
-                field, _fmt(field, mean), _fmt(field, peak),
+                shown_text(field), _fmt(field, mean), _fmt(field, peak),
             )
             first = False
         for field, total in dev["totals"].items():
-            table.add_row("", "", "", f"Δ {field}", _fmt(field, total), "")
+            table.add_row("", "", "", shown_text(f"Δ {field}"), _fmt(field, total), "")
     console.print(table)
     if info.get("not_measured"):
-        console.print(f"[yellow]not measured on this host:[/] {', '.join(info['not_measured'])}")
+        console.print(f"[yellow]not measured on this host:[/] {shown_text(', '.join(map(str, info['not_measured'])))}")
     for note in info.get("telemetry_notes", []):
-        console.print(f"[dim]· {note}[/]")
+        console.print(f"[dim]· {shown_text(note)}[/]")
 
 
 @app.command(
@@ -142,7 +143,7 @@ def monitor(
         else:
             code, info = run_command(command, out, **kw)
     except (MonitorError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {shown_text(exc)}")
         raise typer.Exit(2) from None
     finally:
         if parser is not None:
@@ -186,10 +187,12 @@ def _check_listen(prometheus: str | None, public: bool = False) -> None:
 
 
 def _check_out(out: Path) -> None:
-    """``--out``: a folder name (``''`` and ``.`` are refused: the current directory is no new run)."""
-    from powertrain.store.targets import check_path_text
+    """``--out``: a folder name (``''`` and ``.`` are refused: the current directory is no new run), and
+    not a sweep folder, a sweep's or run's own files, or a folder inside a run."""
+    from powertrain.store.targets import check_new_run_dir, check_path_text
 
     check_path_text(out, "--out")
+    check_new_run_dir(out, "--out")
 
 
 def _run_options(rate: float, backends: str, echo: bool, parser: LiveStepParser | None, prometheus: str | None,
@@ -216,7 +219,8 @@ def _step_parser(parse: str | None, out: Path, seq_len: int | None, warmup_steps
 
 def _report_parsed(parser: LiveStepParser, out: Path) -> None:
     """What ``--parse`` made of the command's output."""
-    err.print(f"parsed {parser.lines} {parser.engine} step line(s) into {parser.steps} event(s) in {out}/events/")
+    err.print(f"parsed {parser.lines} {parser.engine} step line(s) into {parser.steps} event(s) in "
+              f"{shown_text(out)}/events/")
     if parser.lines == 0:
         err.print(f"[yellow]no {parser.engine} step line was seen in the command's output[/]")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -12,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from powertrain.cli import app
+from powertrain.cli.root import shown_text
 from powertrain.plan.planner import Plan, PlannedRun, plan
 from powertrain.plan.sweep_spec import SpecError, load_sweep_spec
 from powertrain.spec.bounds import DEFAULT_MAX_POINTS, shown
@@ -22,6 +24,13 @@ err = Console(stderr=True, soft_wrap=True)
 _STYLE = {"planned": "green", "rejected": "red", "unsupported": "yellow", "duplicate": "dim"}
 
 MAX_POINTS_HELP = "Refuse a grid of more points than this (counted from the axes, before expansion)."
+
+# A table of more rows than this is summarised (the first rows of each status, the reasons counted):
+# rich lays out every row before it prints the first, and a 99 360-point grid's table took 290 s and
+# 4.8 GB to say mostly "rejected". ``--all`` prints every row anyway; ``--json`` writes them all.
+TABLE_MAX_ROWS = 1_000
+SUMMARY_ROWS_EACH = 10  # rows of each status (and of runs launched with a warning) a summary shows
+SUMMARY_REASONS = 30  # reason groups a summary lists, the most frequent first
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -88,8 +97,72 @@ def _notes(r: PlannedRun) -> list[str]:
             f"{'its default' if one else 'their defaults'}"]
 
 
-def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
-    table = Table(title=f"sweep {p.spec.name}", header_style="bold", show_lines=False)
+def print_plan(p: Plan, console: Console = out, show_all: bool = True, *, every_row: bool = False,
+               spec: Path | None = None) -> None:
+    """The plan's table, then its counts. Over :data:`TABLE_MAX_ROWS` rows (unless ``every_row``) the
+    table holds the first rows of each status, the reasons are counted by rule, and a line says how many
+    rows were left out and how to see them (``spec`` names the file in that line)."""
+    rows = shown_runs(p, show_all)
+    total = len(rows)
+    if total > TABLE_MAX_ROWS and not every_row:
+        rows = _sample(rows)
+    if rows:
+        console.print(_table(p, rows))
+    if len(rows) < total:
+        console.print(_reasons_table(shown_runs(p, show_all)))
+        again = f"powertrain plan {shown_text(shown(spec)) if spec else 'SPEC'}{'' if show_all else ' --problems'}"
+        console.print(f"{total - len(rows)} of {total} rows left out (the first {SUMMARY_ROWS_EACH} of each status "
+                      f"are shown): `{again} --all` prints every row, `{again} --json` writes them all as JSON",
+                      highlight=False)
+    _print_counts(p, console)
+
+
+def _sample(rows: list[PlannedRun]) -> list[PlannedRun]:
+    """The first :data:`SUMMARY_ROWS_EACH` rows of each status (launched with a warning apart), in order."""
+    taken: Counter[tuple[str, bool]] = Counter()
+    kept = []
+    for r in rows:
+        key = (r.status, bool(r.warnings))
+        if taken[key] < SUMMARY_ROWS_EACH:
+            taken[key] += 1
+            kept.append(r)
+    return kept
+
+
+def _rule(reason: str) -> str:
+    """The rule a reason names: ``[world_size] …`` → ``world_size``, ``memory: needs …`` → ``memory``."""
+    if reason.startswith("[") and "]" in reason:
+        return reason[1:reason.index("]")]
+    head, colon, _ = reason.partition(":")
+    return head if colon and len(head) <= 40 else reason[:60]
+
+
+def _reasons_table(rows: list[PlannedRun]) -> Table:
+    """Runs that will not launch (or launch with a warning) counted by status and rule, with the first
+    run of each and its reason, the most frequent first."""
+    groups: Counter[tuple[str, str]] = Counter()
+    first: dict[tuple[str, str], PlannedRun] = {}
+    for r in rows:
+        why = (r.reasons or r.warnings or [""])[0]
+        if r.status == "planned" and not r.warnings:
+            continue
+        key = (r.status, _rule(why))
+        groups[key] += 1
+        first.setdefault(key, r)
+    table = Table(title="by reason", header_style="bold")
+    for col in ("status", "rule", "runs", "first run", "its reason"):
+        table.add_column(col, overflow="fold")
+    for (status, rule), n in groups.most_common(SUMMARY_REASONS):
+        r = first[(status, rule)]
+        table.add_row(f"[{_STYLE[status]}]{status}[/]", shown_text(rule), str(n), shown_text(r.id),
+                      shown_text("; ".join(r.reasons + r.warnings)))
+    if len(groups) > SUMMARY_REASONS:
+        table.caption = f"{len(groups) - SUMMARY_REASONS} less frequent reason(s) not listed"
+    return table
+
+
+def _table(p: Plan, shown: list[PlannedRun]) -> Table:
+    table = Table(title=f"sweep {shown_text(p.spec.name)}", header_style="bold", show_lines=False)
     # the device controls column only where a run sets one (a power-cap or clock sweep)
     with_controls = any(r.config and r.config.knobs.controls() for r in p.runs)
     # the task column only where a run fine-tunes with LoRA (every other run trains all weights)
@@ -99,14 +172,13 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             "mem/dev GiB", "fits", "status", "reason")
     for col in cols:
         table.add_column(col, overflow="fold")
-    shown = shown_runs(p, show_all)
     for r in shown:
         c = r.config
         table.add_row(
-            r.id,
-            c.model.name if c else "—",
+            shown_text(r.id),  # names from the spec: escaped, so no escape sequence or bidi override is obeyed
+            shown_text(c.model.name) if c else "—",
             c.layout.label() if c else "—",
-            *((c.task.label() if c else "—",) if with_task else ()),
+            *((shown_text(c.task.label()) if c else "—",) if with_task else ()),
             str(c.knobs.micro_batch) if c else "—",
             str(c.knobs.global_batch) if c else "—",
             c.knobs.recompute if c else "—",
@@ -114,10 +186,12 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
             _gib(r.mem_per_device_bytes),
             {True: "yes", False: "no", None: "—"}[r.fits],
             f"[{_STYLE[r.status]}]{r.status}[/]",
-            escape("; ".join(r.reasons + r.warnings + _notes(r))),
+            shown_text("; ".join(r.reasons + r.warnings + _notes(r))),
         )
-    if shown:
-        console.print(table)
+    return table
+
+
+def _print_counts(p: Plan, console: Console) -> None:
     counts = p.counts()
     console.print(
         f"{len(p.runs)} runs: [green]{counts['planned']} to launch[/], [red]{counts['rejected']} rejected[/] "
@@ -130,12 +204,25 @@ def print_plan(p: Plan, console: Console = out, show_all: bool = True) -> None:
     )
 
 
+def echo_plan_json(p: Plan, runs: list[PlannedRun]) -> None:
+    """``{"name", "counts", "runs": [...]}`` on stdout, as ``json.dumps(indent=2)`` writes it, one run at a
+    time: a 99 360-run plan's one string (and its list of dicts) cost hundreds of MB at once."""
+    head = json.dumps({"name": p.spec.name, "counts": p.counts()}, indent=2, default=str)
+    typer.echo(head[:-2] + ',\n  "runs": [', nl=False)  # head ends with "\n}": the object stays open
+    for i, r in enumerate(runs):
+        # a string's own newlines are written \n in JSON: every newline here is the layout's
+        body = json.dumps(r.to_dict(), indent=2, default=str).replace("\n", "\n    ")
+        typer.echo(("," if i else "") + "\n    " + body, nl=False)
+    typer.echo("\n  ]\n}" if runs else "]\n}")
+
+
 @app.command("plan")
 def plan_cmd(
     spec: Annotated[Path, typer.Argument(help="Sweep spec YAML (or a single-run spec).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead of a table.")] = False,
     problems: Annotated[bool, typer.Option("--problems", help="Only show runs that will not launch, or launch although predicted not to fit (also with --json).")] = False,
     max_points: Annotated[int, typer.Option("--max-points", min=1, help=MAX_POINTS_HELP)] = DEFAULT_MAX_POINTS,
+    every_row: Annotated[bool, typer.Option("--all", help=f"Print every row of the table (over {TABLE_MAX_ROWS:,} rows it is summarised: the first rows of each status and the reasons counted).")] = False,
 ) -> None:
     """Expand a sweep spec into runs and check each one WITHOUT launching anything.
 
@@ -147,6 +234,9 @@ def plan_cmd(
     that sets device controls (power limit, clock locks) shows them in a controls column; on the
     CPU backend such a run is rejected (nothing there to set).
 
+    A plan of more than 1,000 rows is summarised: the first rows of each status, the reasons counted
+    by rule, and how many rows were left out (`--all` prints every row, `--json` writes them all).
+
     Exit status: 0 when at least one run would launch, 1 when none would (every run rejected or
     unsupported), 2 when the spec itself is refused (one line naming the file and the field).
 
@@ -154,11 +244,9 @@ def plan_cmd(
     """
     p = load_and_plan(spec, max_points)
     if as_json:
-        typer.echo(json.dumps({"name": p.spec.name, "counts": p.counts(),
-                               "runs": [r.to_dict() for r in shown_runs(p, show_all=not problems)]},
-                              indent=2, default=str))
+        echo_plan_json(p, shown_runs(p, show_all=not problems))
     else:
-        print_plan(p, show_all=not problems)
+        print_plan(p, show_all=not problems, every_row=every_row, spec=spec)
     none = nothing_valid(p, spec)
     if none:
         fail(none, code=1)

@@ -20,6 +20,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from powertrain.core.names import printable
 from powertrain.diagnostics import show_on_stderr
 from powertrain.fast_exit import skip_final_collection
 
@@ -89,9 +90,17 @@ def _is_arrow_error(exc: BaseException) -> bool:
 
 def _one_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    joined = "; ".join(lines)
-    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in joined)
+    safe = printable("; ".join(lines))  # an escape sequence or bidi override in a name is shown, not obeyed
     return safe if len(safe) <= _MAX_MESSAGE else safe[:_MAX_MESSAGE - 1] + "…"
+
+
+def shown_text(value: object) -> str:
+    """Text from data (a run name, host, device, reason) for a rich console or table with markup on:
+    unprintable characters escaped (:func:`powertrain.core.names.printable`: terminal escape sequences,
+    bidi overrides) and rich markup escaped (a name like ``[red]x`` is shown as it is written)."""
+    from rich.markup import escape
+
+    return escape(printable(value))
 
 
 def report_error(message: str) -> None:

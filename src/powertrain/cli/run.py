@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from powertrain.cli.plan import fail
-from powertrain.cli.root import app
+from powertrain.cli.root import app, shown_text
+from powertrain.core.names import printable
 from powertrain.monitor import MonitorError
 from powertrain.plan.sweep_spec import pydantic_message
 from powertrain.spec.bounds import load_spec_yaml, shown
@@ -127,25 +128,25 @@ def run(
     try:
         # the same checks with and without --check: only what needs this node's devices is left to the launch
         nodes = _checked_options(cfg, out, rate, backends, nnodes, node_rank, master_addr, master_port)
+        _check_names(spec, cfg, out, host)
     except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {shown_text(exc)}")
         raise typer.Exit(2) from None
     if check_only:
         task = f", {cfg.task.label()}" if cfg.task.is_lora else ""
-        err.print(f"[green]ok:[/] {escape(shown(spec))} is valid ({cfg.model.name}, {cfg.layout.resolve(cfg.world).label()}, "
-                  f"world {cfg.world}{escape(task)})")
+        err.print(f"[green]ok:[/] {escape(shown(spec))} is valid ({shown_text(cfg.model.name)}, "
+                  f"{cfg.layout.resolve(cfg.world).label()}, world {cfg.world}{shown_text(task)})")
         return
     from powertrain.launch.local import launch_local
 
-    if out is None:
-        out = Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    out = out if out is not None else Path("runs") / f"{cfg.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"  # _check_names: one component
     try:
         res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
                            echo=not quiet, timeout_s=timeout, host=host, nnodes=nodes.nnodes,
                            node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
                            allow_unapplied=allow_unapplied)
     except (MonitorError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {shown_text(exc)}")
         raise typer.Exit(2) from None
     _report(res, nodes.node_rank)
 
@@ -213,6 +214,25 @@ def _checked_options(cfg: RunConfig, out: Path | None, rate: float, backends: st
     return nodes
 
 
+def _check_names(spec: Path, cfg: RunConfig, out: Path | None, host: str | None) -> None:
+    """Names that become paths: the spec's ``name`` where it names the default run directory
+    (``runs/<name>-<time>``: ``/abs/x`` or ``sub/dir`` would put the run elsewhere), ``--host`` (the
+    telemetry file's name), and an ``--out`` that is a sweep folder or a sweep's or run's own files."""
+    from powertrain.core.names import check_name
+    from powertrain.store.targets import check_new_run_dir
+
+    if out is None:
+        try:
+            check_name(cfg.name, f"{shown(spec)}: name")
+        except ValueError as exc:
+            raise ValueError(f"{exc} (the spec's name names the run directory runs/<name>-<time>; or pass --out)") \
+                from None
+    else:
+        check_new_run_dir(out, "--out")
+    if host is not None:
+        check_name(host, "--host")
+
+
 def _node_options(cfg: RunConfig, nnodes: int | None, node_rank: int | None, master_addr: str | None,
                   master_port: int | None) -> _Nodes:
     from powertrain.launch.local import slurm_nodes
@@ -229,15 +249,16 @@ def _report(res: RunResult, node_rank: int) -> NoReturn:
     """How the run (node 0) or this node's share (other nodes) ended; exits 0 when ok, else 1."""
     if node_rank != 0:  # node 0 reports the run; this node only its own share
         colour = "green" if res.status == "ok" else "red"
-        err.print(f"[bold]node {node_rank}[/] of run {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
-                  + (f" — {escape(res.reason)}" if res.reason else ""))
+        err.print(f"[bold]node {node_rank}[/] of run {shown_text(res.run_dir)}  [{colour}]{res.status}[/]"
+                  + (f" — {shown_text(res.reason)}" if res.reason else ""))
         raise typer.Exit(0 if res.status == "ok" else 1)
     colour = "green" if res.status == "ok" else "red"
-    err.print(f"[bold]run[/] {escape(str(res.run_dir))}  [{colour}]{res.status}[/]"
-              + (f" — {escape(res.reason)}" if res.reason else ""))
+    err.print(f"[bold]run[/] {shown_text(res.run_dir)}  [{colour}]{res.status}[/]"
+              + (f" — {shown_text(res.reason)}" if res.reason else ""))
     summary = _step_summary(res.run_dir)
     if summary:
         err.print(summary)
     if res.status != "ok" and res.info.get("error_tail"):
-        err.print(res.info["error_tail"], markup=False, highlight=False)
+        # the failing rank's last lines, as lines: what they hold besides is escaped, not obeyed
+        err.print("\n".join(map(printable, str(res.info["error_tail"]).splitlines())), markup=False, highlight=False)
     raise typer.Exit(0 if res.status == "ok" else 1)

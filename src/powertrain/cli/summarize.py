@@ -13,7 +13,8 @@ from rich.table import Table
 
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, summarize_sweep, window_text
 from powertrain.analyze.metrics import METRICS
-from powertrain.cli.root import app
+from powertrain.cli.root import app, shown_text
+from powertrain.core.names import printable
 
 # Piped or captured, rich would fold the table to 80 columns; keep run ids whole there too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)
@@ -47,7 +48,7 @@ def _per_node(summ: dict, console: Console) -> None:
     for col in ("node", "devices", "mean power", "energy"):
         table.add_column(col, justify="left" if col == "node" else "right")
     for n in nodes:
-        table.add_row(str(n.get("host")), str(n.get("devices")), format_value("power_mean_w", n["power_sum_mean_w"]),
+        table.add_row(shown_text(n.get("host")), shown_text(n.get("devices")), format_value("power_mean_w", n["power_sum_mean_w"]),
                       format_value("energy_j", n.get("energy_j")))
     console.print(table)
 
@@ -55,8 +56,9 @@ def _per_node(summ: dict, console: Console) -> None:
 def print_run_summary(summ: dict, console: Console = out, show_all: bool = False) -> None:
     """The metrics that have a value (all of them, with why null, when ``show_all``)."""
     label = "PREDICTION" if summ.get("kind") == "prediction" else "measured"
-    console.print(f"[bold]{summ.get('run')}[/] ({label}) status [bold]{summ.get('status')}[/]")
-    console.print(window_text(summ), markup=False, highlight=False)
+    # names and texts come from the run's files: shown escaped (no terminal escape, bidi override or markup obeyed)
+    console.print(f"[bold]{shown_text(summ.get('run'))}[/] ({label}) status [bold]{shown_text(summ.get('status'))}[/]")
+    console.print(printable(window_text(summ)), markup=False, highlight=False)
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -71,7 +73,7 @@ def print_run_summary(summ: dict, console: Console = out, show_all: bool = False
         if v is None and not show_all:
             continue
         row = [m.name, format_value(m.name, v)]
-        table.add_row(*row, *([why.get(m.name, "") if v is None else ""] if show_all else []))
+        table.add_row(*row, *([shown_text(why.get(m.name, "")) if v is None else ""] if show_all else []))
     if table.row_count:
         console.print(table)
     else:
@@ -79,7 +81,7 @@ def print_run_summary(summ: dict, console: Console = out, show_all: bool = False
     _per_node(summ, console)
     line = None if show_all else _null_line(metrics, why)
     if line:
-        console.print(line, style="dim")
+        console.print(printable(line), style="dim", markup=False)
 
 
 _SWEEP_COLS = ("step_time_mean_s", "tokens_per_s", "mfu", "power_mean_w", "temp_peak_c", "j_per_token")
@@ -92,8 +94,8 @@ def print_sweep_table(rows: list[dict], console: Console = out, show_all: bool =
     for col in ("id", "status", *cols):
         t.add_column(col, justify="left" if col in ("id", "status") else "right")
     for r in rows:
-        status = str(r["status"]) + (" (PREDICTION)" if r.get("kind") == "prediction" else "")
-        t.add_row(str(r["id"]), status, *[format_value(c, r.get(c)) for c in cols])
+        status = shown_text(r["status"]) + (" (PREDICTION)" if r.get("kind") == "prediction" else "")
+        t.add_row(shown_text(r["id"]), status, *[format_value(c, r.get(c)) for c in cols])
     console.print(t)
     hidden = [c for c in _SWEEP_COLS if c not in cols]
     if hidden:
@@ -127,21 +129,21 @@ def summarize(
                   markup=False, highlight=False, style="red")
         raise typer.Exit(2)
     if not path.exists():
-        err.print(f"[red]error:[/] {path} does not exist")
+        err.print(f"[red]error:[/] {shown_text(path)} does not exist")
         raise typer.Exit(2)
     damaged: list[str] = []
     try:
         if is_sweep_dir(path):
-            with err.status(f"summarizing the runs of {path} …"):
+            with err.status(f"summarizing the runs of {shown_text(path)} …"):
                 table = summarize_sweep(path, refresh=refresh, damaged=damaged)
             if not quiet:
                 print_sweep_table(table.to_pylist(), show_all=show_all)
-            out.print(str(path / "summary.parquet"))
+            out.print(shown_text(path / "summary.parquet"))
         else:
             summ = load_summary(path, refresh=refresh)
             if not quiet:
                 print_run_summary(summ, show_all=show_all)
-            out.print(str(path / "summary.json"))
+            out.print(shown_text(path / "summary.json"))
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:  # DamagedRun is a ValueError
         _error_line(exc)
         raise typer.Exit(2) from None
@@ -150,7 +152,7 @@ def summarize(
 
 def _error_line(exc: BaseException) -> None:
     """One line on stderr, the message as it is (no markup read from paths or file contents)."""
-    err.print(f"error: {exc}", markup=False, highlight=False, style="red")
+    err.print(f"error: {printable(exc)}", markup=False, highlight=False, style="red")
 
 
 def skipped_exit(damaged: list[str]) -> None:
@@ -158,6 +160,6 @@ def skipped_exit(damaged: list[str]) -> None:
     if not damaged:
         return
     for line in damaged:
-        err.print(f"skipped damaged run: {line}", markup=False, highlight=False, style="yellow")
+        err.print(f"skipped damaged run: {printable(line)}", markup=False, highlight=False, style="yellow")
     err.print(f"{len(damaged)} damaged run(s) skipped", markup=False, highlight=False, style="yellow")
     raise typer.Exit(1)

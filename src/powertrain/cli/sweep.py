@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from powertrain.cli.plan import MAX_POINTS_HELP, fail, load_and_plan, nothing_valid, print_plan
-from powertrain.cli.root import app
+from powertrain.cli.root import app, shown_text
 from powertrain.launch.sweep import SweepError, SweepOptions, SweepRunner, check_sweep_folder
 from powertrain.plan.planner import Plan
 from powertrain.plan.state import SweepLocked, SweepState
@@ -52,7 +52,7 @@ class _Progress:
                       f"[cyan]running {count['running']}[/]", f"left {left}", f"ETA {eta}",
                       f"elapsed {(time.monotonic() - self.t0) / 60:.1f} min")
         if self.current:
-            table.add_row(f"[cyan]▶ {self.current}[/]")
+            table.add_row(f"[cyan]▶ {shown_text(self.current)}[/]")
         return table
 
 
@@ -103,7 +103,7 @@ def sweep_cmd(
         fail(f"{none} (`powertrain plan` lists every run)", code=1)
     _check_only(only, p)
     _check_folder(folder, p)
-    print_plan(p, console=err, show_all=False)
+    print_plan(p, console=err, show_all=False, spec=spec)
     progress = _Progress()
     opts = SweepOptions(backend=chosen, resume=resume, retry_failed=retry_failed, only=only,
                         interrupted=interrupted or "rerun", time_limit_s=time_limit_min * 60 if time_limit_min else None,
@@ -129,9 +129,9 @@ def sweep_cmd(
     unfinished = [r for r in state.runs if r.get("status") in ("planned", "running")]
     # runs that --only did not select were not asked for: they are not a failure of this command
     left = [r for r in unfinished if only is None or fnmatch.fnmatch(r["id"], only)]
-    err.print(f"sweep folder: {folder}")
-    for r in failed:
-        err.print(f"[red]{r['status']}[/] {r['id']}: {(r.get('reason') or '')[:300]}")
+    err.print(f"sweep folder: {shown_text(folder)}")
+    for r in failed:  # a reason can quote a run's output: escaped, so its markup and escape sequences are shown
+        err.print(f"[red]{shown_text(r['status'])}[/] {shown_text(r['id'])}: {shown_text((r.get('reason') or '')[:300])}")
     if left:
         err.print(f"[yellow]{len(left)} run(s) not finished; continue with --resume[/]")
     if len(unfinished) > len(left):

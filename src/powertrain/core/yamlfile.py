@@ -6,6 +6,9 @@ catalog entry or profile. Every YAML file powertrain reads goes through :func:`l
 through ``spec.bounds``, whose loader derives from :class:`UniqueKeyLoader` — and a repeated key is
 refused as a :class:`DuplicateKeyError` naming the key, its file, and both lines.
 
+A YAML *file* is read through :func:`load_yaml_file`, which refuses anything but a regular file first
+(:mod:`powertrain.core.files`): a FIFO in its place would hang the reader.
+
 Keys are compared as constructed values (``1`` and ``0x1`` are one key), and only the keys a mapping
 writes itself: a key that overrides one brought in by a ``<<: *anchor`` merge is what merging is for.
 """
@@ -17,6 +20,8 @@ import os
 from typing import Any
 
 import yaml
+
+from powertrain.core.files import read_regular_text
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -94,3 +99,10 @@ def load_yaml(text: str, name: str | os.PathLike[str] = "<string>") -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def load_yaml_file(path: str | os.PathLike[str], what: str = "the YAML file") -> Any:
+    """:func:`load_yaml` of the file at ``path``, UTF-8. A FIFO, device, socket or directory there is a
+    :class:`~powertrain.core.files.NotRegularFile` (one line naming it) before anything is opened for
+    reading, instead of a read that waits for ever."""
+    return load_yaml(read_regular_text(path, what), path)

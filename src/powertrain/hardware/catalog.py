@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from powertrain.core.yamlfile import load_yaml
+from powertrain.core.yamlfile import load_yaml_file
 from powertrain.hardware.host_probe import HostProbe, probe_host, rank_threads
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
@@ -377,7 +377,7 @@ def _sensor_and_transport(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = load_yaml(path.read_text(), path) or {}
+        raw = load_yaml_file(path, "hardware file") or {}
     except FileNotFoundError:
         raise FileNotFoundError(f"hardware file {path} does not exist") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("devices", {}), dict):

@@ -11,13 +11,13 @@ import logging
 import math
 import numbers
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powertrain.core.clock import AnchoredClock
 from powertrain.schema import EVENT_KINDS, EVENTS_SCHEMA
 from powertrain.store.tables import StreamingTableWriter
 
@@ -190,6 +190,8 @@ class Recorder:
         self._explicit_window = False
         self._steps_begun = 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        # anchored per recorder (per run), not at import: a process that outlived a suspend would lag
+        self._clock = AnchoredClock()
         self._flush_s = check_flush_s(flush_s)
         self._closed = self.run_dir is None
         self._writer: StreamingTableWriter | None = None
@@ -217,7 +219,7 @@ class Recorder:
     def _now(self) -> int:
         if self.sync is not None:
             self.sync()
-        return time.time_ns()
+        return self._clock.now_ns()  # not time.time_ns(): a clock step would move events off the telemetry
 
     def set_window(self, window: str | None) -> None:
         """``warmup``, ``measured`` or ``None`` (outside the protocol) for the rows that follow."""

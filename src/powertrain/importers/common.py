@@ -11,13 +11,15 @@ An importer parses its source files into Arrow tables in memory, then hands them
     <out>/logs/                      empty (the sources stay where they are)
 
 The directory is built in a hidden temporary sibling folder and renamed into place at the very end,
-so a failure at any point (a malformed line, a full disk, Ctrl-C) never leaves a half run directory.
+so a failure at any point (a malformed line, a full disk, Ctrl-C) never leaves a half run directory;
+what a killed import left there (``.OUT.importing-*``) is removed by the next import to ``OUT``.
 
 Every source is read through :func:`open_text` / :func:`open_binary` / :func:`read_text` /
-:func:`sha256_of`, which stop at a size cap (:data:`DEFAULT_MAX_BYTES`, 2 GiB per source, set with
-:func:`byte_cap` / ``powertrain import --max-bytes``) counted *while reading* — decompressed bytes for
-``.gz``, and bytes actually read for files whose size ``stat`` cannot tell (``/dev/zero``, pipes) —
-and at a line longer than :data:`MAX_LINE_CHARS`. Either is a :class:`SourceTooLarge` naming the file.
+:func:`sha256_of`, which refuse anything but a regular file before opening it (a FIFO would hang the
+open, ``/dev/zero`` never end: "is a character device, not a regular file") and stop at a size cap
+(:data:`DEFAULT_MAX_BYTES`, 2 GiB per source, set with :func:`byte_cap` / ``powertrain import
+--max-bytes``) counted *while reading* — decompressed bytes for ``.gz`` — and at a line longer than
+:data:`MAX_LINE_CHARS`. Either is a :class:`SourceTooLarge` naming the file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import logging
 import math
 import os
 import platform
@@ -46,9 +49,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from powertrain.core.files import NotRegularFile, require_regular_file
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
+from powertrain.store.leftovers import DEFAULT_MAX_AGE_S, remove_stale
 from powertrain.store.rundir import RunDir, dir_mode, set_file_mode, write_json_atomic
 from powertrain.store.targets import check_run_target
+
+log = logging.getLogger(__name__)
 
 
 class SourceFormatError(ValueError):
@@ -205,8 +212,20 @@ class _CappedReader(io.RawIOBase):
             super().close()
 
 
+def _require_regular(path: Path) -> None:
+    """A FIFO, device or socket source is a :class:`SourceFormatError` naming what it is: not only the
+    ``OSError`` :func:`~powertrain.core.files.require_regular_file` raises, which a format sniffer reads
+    as "cannot open, so not this format" and reports as the wrong problem."""
+    try:
+        require_regular_file(path, "the source")
+    except NotRegularFile as exc:
+        raise SourceFormatError(path, None, str(exc).removeprefix(f"{path}: ")) from None
+
+
 def open_binary(path: Path) -> io.BufferedReader:
-    """Open a source as bytes (un-gzipping ``*.gz``), capped at :func:`max_bytes` while reading."""
+    """Open a source as bytes (un-gzipping ``*.gz``), capped at :func:`max_bytes` while reading; anything
+    but a regular file is refused first (a FIFO would hang the open, a device never end)."""
+    _require_regular(path)
     if path.suffix == ".gz":
         import gzip
 
@@ -264,6 +283,7 @@ def sha256_of(path: Path) -> str:
 
 def _raw_capped(path: Path) -> io.BufferedReader:
     """The file's own bytes (a ``.gz`` not decompressed: its sha256 is of the file), capped."""
+    _require_regular(path)
     return io.BufferedReader(_CappedReader(open(path, "rb"), path), buffer_size=1 << 20)
 
 
@@ -519,10 +539,14 @@ class RunBuilder:
         """Write the run directory at ``out`` atomically; refuses to overwrite an existing run.
 
         ``force`` replaces an earlier *import* there (never a measured run or a prediction), and
-        never a folder inside another run (:func:`powertrain.store.targets.check_run_target`)."""
+        never a folder inside another run (:func:`powertrain.store.targets.check_run_target`). What a
+        killed import left beside ``out`` is cleaned first (:func:`powertrain.store.leftovers.remove_stale`),
+        and an import it was replacing put back."""
         out = Path(out).absolute()
+        _restore_replaced(out)  # before the check: the import put back is what --force is asked about
         check_run_target(out, "import", force=force)
         out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out.parent, [f".{out.name}.importing-*", f".{out.name}.replaced-*"])  # of a killed import
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.importing-"))
         old = None
         try:
@@ -613,6 +637,28 @@ class RunBuilder:
         }
         info.update(self.info)
         run.write(info)
+
+
+def _restore_replaced(out: Path) -> None:
+    """Put back an import that a ``--force`` import killed between its two renames left in
+    ``.OUT.replaced-*/run`` (``out`` itself then missing), before :func:`remove_stale` would remove it as a
+    leftover. Only one untouched for :data:`~powertrain.store.leftovers.DEFAULT_MAX_AGE_S`: a live import
+    holds that state for the instant between two renames."""
+    if out.exists() or out.is_symlink() or not out.parent.is_dir():
+        return
+    prefix = f".{out.name}.replaced-"
+    for old in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
+        try:
+            stale = time.time() - os.lstat(old).st_mtime >= DEFAULT_MAX_AGE_S
+            if stale and (old / "run").is_dir() and not (old / "run").is_symlink():
+                os.rename(old / "run", out)
+                with contextlib.suppress(OSError):
+                    old.rmdir()
+                log.warning("put back %s from %s, left there by an import that was killed while replacing it",
+                            out, old)
+                return
+        except OSError as exc:
+            log.warning("could not put back %s from %s: %s", out, old, exc)
 
 
 def _versions() -> dict[str, str | None]:

@@ -22,10 +22,21 @@ What is read:
   (:func:`powertrain.core.energy.clean_readings`: exact repeats dropped, same-time readings
   averaged), with the counts in ``run.json["data_quality"]``, so a logger that writes every line
   twice neither inflates the sample rate nor weighs twice.
-* switch logs ``sw_<N>.txt`` — ``interconnect_power_est`` (W): a constant estimate. MLCommons' score
-  counts it as that power × time-to-train. In the run's own energy it is included only when its
-  timestamps are on the run's clock and it covers the run's window under the edge rule; otherwise it is
-  dropped from the integral with the reason stated (the SMC logs stamp it in 2022).
+* switch logs ``sw_<N>.txt`` — either form the MLPerf power rules allow ("measure or estimate
+  interconnects"): ``interconnect_power_est`` (W), a constant estimate, which MLCommons' score counts as
+  that power × time-to-train; or **measured** ``power_reading`` lines (with ``power_measurement_start`` /
+  ``_stop`` and ``conversion_eff``, as a node's log), scored as a node is (mean power by the node rule ×
+  time-to-train; mlperf-logging's summarizer reads estimates only). In the run's own energy a switch is
+  included only when its timestamps are on the run's clock and it covers the run's window under the edge
+  rule; otherwise it is dropped from the integral with the reason stated (the SMC logs stamp it in 2022).
+* time, per log in file order (:func:`powertrain.importers.sanity.screen_time`): steps back of the
+  clock and gaps longer than energy bridges are counted and named in ``run.json`` ``data_quality``
+  (``devices[]``, ``time``), and the energies below follow :mod:`powertrain.core.energy`'s rules for
+  them (null over a window either falls in; gaps over 5 intervals up to the limit bridged and counted).
+* the nodes the job had: ``number_of_nodes`` of the system description. A node without a power log is
+  named (``node_<N>``, when the others' numbering says which) in ``data_quality.missing_devices`` and
+  ``mlperf.nodes_missing``; the run's energy and the score are then null with that reason (the measured
+  nodes' sum is ``energy_run_measured_nodes_j``), and the analysis' run-level energy too.
 * the result log ``result_*.txt`` — the job's stdout, lines optionally prefixed by the Slurm rank
   (``  0: :::MLLOG {...}``). ``run_start`` / ``run_stop`` are **the run's window**
   (``run.json["window"]``, every energy / power / time figure of the run is over it) and a ``phase``
@@ -60,20 +71,25 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from powertrain.core.energy import (
     DEFAULT_HOLD_LIMIT_S,
+    Intervals,
     WindowEnergy,
     clean_readings,
+    merge_intervals,
     window_energy,
     windows_energy,
 )
+from powertrain.core.files import require_regular_file
+from powertrain.core.names import check_name
 from powertrain.importers.common import (
     RunBuilder,
     SourceFormatError,
@@ -85,7 +101,7 @@ from powertrain.importers.common import (
     set_job_devices,
     telemetry_table,
 )
-from powertrain.importers.sanity import screen
+from powertrain.importers.sanity import screen, screen_time
 
 MARK = ":::MLLOG"
 _NODE_RE = re.compile(r"^node_(\d+)\.txt(\.gz)?$")
@@ -175,7 +191,8 @@ def classify(paths: Sequence[str | Path], builder: RunBuilder | None = None) -> 
             for d in sorted(x for x in p.iterdir() if x.is_dir() and x not in power_dirs):
                 if builder:
                     builder.drop(f"{d}: sub-folder not searched (another run?); import it separately")
-        elif p.is_file():
+        elif p.exists():  # a FIFO or device given is refused as what it is, not as missing
+            require_regular_file(p, "the source")
             files = [p]
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
@@ -211,6 +228,61 @@ def _record_value(v: Any) -> float | None:
     return _number(v)
 
 
+# The record kinds a power log's scoring walk needs, by index in :class:`_Records`; the markers' value
+# is None, every other kind's a number (read_power_log keeps a reading only with one)
+_KEYS = ("power_reading", "interconnect_power_est", "power_measurement_start", "power_measurement_stop",
+         "conversion_eff")
+_VALUELESS = frozenset(i for i, k in enumerate(_KEYS) if k.startswith("power_measurement_"))
+
+
+class _Records:
+    """``(time_ms, key, value)`` of a log in file order, in three typed arrays: 17 bytes a record, where a
+    tuple each cost ~130 bytes (a 2 GiB log of readings holds 15 million of them)."""
+
+    def __init__(self) -> None:
+        self.t, self.k, self.v = array("d"), array("b"), array("d")
+
+    def append(self, tms: float, key: str, v: float | None) -> None:
+        k = _KEYS.index(key)
+        if (v is None) != (k in _VALUELESS):
+            raise ValueError(f"{key} record with value {v!r}: markers have none, other records a number")
+        self.t.append(tms)
+        self.k.append(k)
+        self.v.append(0.0 if v is None else v)  # the key says None (a NaN reading stays NaN)
+
+    def _at(self, i: int) -> tuple[float, str, float | None]:
+        k = self.k[i]
+        return self.t[i], _KEYS[k], None if k in _VALUELESS else self.v[i]
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def __iter__(self) -> Iterator[tuple[float, str, float | None]]:
+        return (self._at(i) for i in range(len(self.t)))
+
+    def in_time_order(self) -> Iterator[tuple[float, str, float | None]]:
+        """The records sorted by time, ties in file order (what ``sorted(key=time)`` gave), without a list."""
+        if not self.t:
+            return iter(())
+        order = np.argsort(np.frombuffer(self.t, dtype=np.float64), kind="stable")
+        return (self._at(int(i)) for i in order)
+
+
+class _Where(Sequence[str]):
+    """``file:line`` of each reading, made only when one is named (a string each cost ~100 bytes)."""
+
+    def __init__(self, path: Path, lines: np.ndarray) -> None:
+        self.path, self.lines = path, lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [f"{self.path}:{int(n)}" for n in self.lines[i]]
+        return f"{self.path}:{int(self.lines[i])}"
+
+
 @dataclass
 class PowerLog:
     """One node's (or switch's) power log as written: readings as read, markers, power-record settings."""
@@ -219,13 +291,18 @@ class PowerLog:
     path: Path
     t_ns: np.ndarray  # readings with a numeric value, time-sorted (stable)
     w: np.ndarray  # as read (W)
-    where: list[str]  # "file:line" of each reading
+    where: Sequence[str]  # "file:line" of each reading (made when asked: _Where)
     start_ms: int | None = None
     stop_ms: int | None = None
     conversion_eff: float | None = None  # None: not stated (MLCommons then uses 1.0)
     measurement_type: str | None = None
     # (time_ms, key, value) in file order: what MLCommons' scoring rule walks
-    records: list[tuple[float, str, float | None]] = field(default_factory=list)
+    records: _Records = field(default_factory=_Records)
+    key: str = "power_reading"  # what its readings are: power_reading (measured) or interconnect_power_est
+    # clock intervals re-lived after steps back in file order, and the median interval: core.energy's
+    # rules 4 and 5 (importers.sanity.screen_time; a constant estimate has neither)
+    relived: Intervals = field(default_factory=lambda: merge_intervals([], []))
+    period_s: float | None = None
 
     @property
     def eff(self) -> float:
@@ -237,15 +314,19 @@ def read_power_log(path: Path, builder: RunBuilder, key: str = "power_reading") 
     measurement markers and ``conversion_eff``; markers are checked, never trusted to cut."""
     m = _NODE_RE.match(path.name) or _SW_RE.match(path.name)
     host = f"{path.name.split('_')[0]}_{m.group(1)}" if m else path.name.split(".")[0]
-    log = PowerLog(host, path, np.empty(0, np.int64), np.empty(0), [])
-    t: list[int] = []
-    w: list[float] = []
+    check_name(host, f"{path}: host")  # it becomes telemetry/<host>.parquet
+    log = PowerLog(host, path, np.empty(0, np.int64), np.empty(0), [], key=key)
+    # typed arrays: 24 bytes a reading, where lists of Python ints, floats and "file:line" strings cost
+    # ~330 (a gzip bomb reached the 2 GiB cap only at 5.3 GB of memory)
+    t, w, lines = array("q"), array("d"), array("q")
     effs: list[float] = []
     nulls = 0
     for lineno, _, rec in iter_mllog(path):
         k, tms = rec["key"], rec["time_ms"]
         if not isinstance(tms, int | float) or isinstance(tms, bool):
             raise SourceFormatError(path, lineno, f"time_ms is not a number: {tms!r}")
+        if not -_MAX_MS <= tms <= _MAX_MS:  # NaN fails too; in ns it must fit the int64 tables
+            raise SourceFormatError(path, lineno, f"time_ms is not an epoch time in milliseconds: {tms!r}")
         if k == key:
             v = _record_value(rec.get("value"))
             if v is None:
@@ -253,11 +334,11 @@ def read_power_log(path: Path, builder: RunBuilder, key: str = "power_reading") 
                 continue
             t.append(int(tms))
             w.append(v)
-            log.where.append(f"{path}:{lineno}")
-            log.records.append((float(tms), k, v))
+            lines.append(lineno)
+            log.records.append(float(tms), k, v)
         elif k in ("power_measurement_start", "power_measurement_stop"):
             setattr(log, "start_ms" if k.endswith("start") else "stop_ms", int(tms))
-            log.records.append((float(tms), k, None))
+            log.records.append(float(tms), k, None)
         elif k == "conversion_eff":
             v = _record_value(rec.get("value"))
             if v is None or not 0 < v <= 1.5:
@@ -265,7 +346,7 @@ def read_power_log(path: Path, builder: RunBuilder, key: str = "power_reading") 
             effs.append(v)
             md = rec.get("metadata")
             log.measurement_type = md.get("measurement_type") if isinstance(md, dict) else log.measurement_type
-            log.records.append((float(tms), k, v))
+            log.records.append(float(tms), k, v)
     if not t:
         raise SourceFormatError(path, None, f"no {key} lines found (is this an MLPerf power log?)")
     if nulls:
@@ -274,19 +355,39 @@ def read_power_log(path: Path, builder: RunBuilder, key: str = "power_reading") 
         builder.warn(f"{path}: conversion_eff changes within the log ({sorted(set(effs))}); the last one is "
                      "applied to every reading, as MLCommons' result_summarizer does")
     log.conversion_eff = effs[-1] if effs else None
-    t_arr = np.asarray(t, dtype=np.int64)
+    t_arr = np.frombuffer(t, dtype=np.int64)
+    where = _Where(path, np.frombuffer(lines, dtype=np.int64))  # file order, for screen_time
     if log.start_ms is not None and log.stop_ms is not None and log.stop_ms <= log.start_ms:
         builder.warn(f"{path}: power_measurement_stop ({log.stop_ms}) is not after power_measurement_start "
                      f"({log.start_ms}); ignoring the stop marker and keeping all {len(t)} readings")
     elif log.stop_ms is not None and t_arr.max() > log.stop_ms:
         builder.warn(f"{path}: {(t_arr > log.stop_ms).sum()} readings after power_measurement_stop; kept")
     order = np.argsort(t_arr, kind="stable")
-    if np.any(np.diff(t_arr) < 0):
+    if key == "power_reading":  # steps back and gaps, in file order, before the sort below
+        log.relived, log.period_s = screen_time(builder, host, "switch" if _SW_RE.match(path.name) else "node",
+                                                t_arr * _MS, where=where)
+    elif np.any(np.diff(t_arr) < 0):
         builder.warn(f"{path}: readings are not in time order; sorted")
     log.t_ns = t_arr[order] * _MS
-    log.w = np.asarray(w, dtype=np.float64)[order]
-    log.where = [log.where[i] for i in order]
+    log.w = np.frombuffer(w, dtype=np.float64)[order]
+    log.where = _Where(path, where.lines[order])
     return log
+
+
+_SWITCH_KEYS = ("interconnect_power_est", "power_reading")
+
+
+def _read_switch(path: Path, builder: RunBuilder) -> PowerLog:
+    """A switch's log in either form the MLPerf power rules allow ("measure or estimate interconnects"):
+    an estimate (``interconnect_power_est``: a constant, what MLCommons' summarizer reads) or measured
+    readings (``power_reading`` lines with their measurement markers, as a node's log). The form is the
+    first of the two keys the log holds."""
+    key = next((r["key"] for _, _, r in iter_mllog(path) if r["key"] in _SWITCH_KEYS), None)
+    if key is None:
+        raise SourceFormatError(path, None, "no interconnect_power_est or power_reading lines found (is this an "
+                                            "MLPerf switch power log?)")
+    builder.add_source(path, role="switch power estimate" if key == "interconnect_power_est" else "switch power")
+    return read_power_log(path, builder, key=key)
 
 
 def read_result_log(path: Path, builder: RunBuilder) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -340,6 +441,7 @@ def _run_phases(path: Path, recs: list[tuple[int, dict[str, Any]]],
 
 
 _MS = 1_000_000  # ns per ms
+_MAX_MS = (2**63 - 1) // _MS  # the latest time_ms whose ns fits an int64 (the year 2262)
 
 
 @dataclass
@@ -479,16 +581,15 @@ def import_mlperf(paths: Sequence[str | Path], name: str | None = None, warmup_s
         raise SourceFormatError(srcs[0], None, "no MLPerf node_<N>.txt power log or result_*.txt log found")
     if len(groups["result"]) > 1:
         raise SourceFormatError(groups["result"][1], None, "more than one result log: import one run at a time")
-    per_node = _system(b, groups["other"])
+    per_node, job_nodes = _system(b, groups["other"])
     nodes = _read_nodes(groups["power"], b, per_node)
-    switches = [read_power_log(f, b, key="interconnect_power_est") for f in groups["switch"]]
-    for f in groups["switch"]:
-        b.add_source(f, role="switch power estimate")
+    switches = [_read_switch(f, b) for f in groups["switch"]]
     reported = None
     for f in groups["total"]:
         b.add_source(f, role="reported_total")
         reported = read_total(f)
     summary: dict[str, Any] = {"nodes": len(nodes), "switches": len(switches), "reported_energy_kwh": reported}
+    _missing_nodes(b, nodes, job_nodes, groups["power"], summary)
     events: list[dict[str, Any]] = []
     for f in groups["result"]:
         b.add_source(f, role="result")
@@ -518,10 +619,12 @@ def import_mlperf(paths: Sequence[str | Path], name: str | None = None, warmup_s
     return b
 
 
-def _system(b: RunBuilder, others: list[Path]) -> int | None:
-    """Job device count from ``system_*.json`` (run.json); returns accelerators per node when stated."""
+def _system(b: RunBuilder, others: list[Path]) -> tuple[int | None, tuple[int, str] | None]:
+    """Job device count from ``system_*.json`` (run.json); returns accelerators per node when stated,
+    and the job's node count with the files that state it (None: not stated, or they disagree)."""
     devices: dict[str, int | None] = {}
     per_node: set[int] = set()
+    job_nodes: dict[str, int] = {}
     for f in others:
         if f.name.startswith("system") or (f.suffix == ".json" and f.parent.name == "systems"):
             b.add_source(f, role="system description")
@@ -530,6 +633,9 @@ def _system(b: RunBuilder, others: list[Path]) -> int | None:
             apn = _number(data.get("accelerators_per_node"))
             if apn:
                 per_node.add(int(apn))
+            n_nodes = _number(data.get("number_of_nodes"))
+            if n_nodes:
+                job_nodes[f.name] = int(n_nodes)
         elif f.suffix not in (".json", ".md"):
             b.drop(f"{f.name}: not an MLPerf power or result log")
     counts = set(devices.values())
@@ -541,7 +647,35 @@ def _system(b: RunBuilder, others: list[Path]) -> int | None:
     else:
         set_job_devices(b, None, "no MLPerf system_*.json (number_of_nodes × accelerators_per_node) among the "
                                  "sources: pass the submission's run folder or that file to know it")
-    return max(per_node) if per_node else None
+    stated = set(job_nodes.values())
+    nodes = (stated.pop(), f"{', '.join(sorted(job_nodes))} number_of_nodes") if len(stated) == 1 else None
+    return (max(per_node) if per_node else None), nodes
+
+
+def _missing_nodes(b: RunBuilder, nodes: dict[str, _Node], job_nodes: tuple[int, str] | None, files: list[Path],
+                   summary: dict[str, Any]) -> None:
+    """Nodes the job had (the system description's ``number_of_nodes``) without a power log, named
+    when the logs' numbering says which (``node_0``… or ``node_1``…, as the others), in ``run.json``
+    ``data_quality.missing_devices`` and ``mlperf.nodes_missing``; the run's energy is then unknown."""
+    if job_nodes is None or not nodes:
+        return
+    expected, source = job_nodes
+    summary["nodes_expected"] = expected
+    if len(nodes) >= expected:
+        if len(nodes) > expected:
+            b.warn(f"{len(nodes)} node power logs but {source} says the job had {expected} nodes")
+        return
+    idx = sorted(int(m.group(1)) for f in files if (m := _NODE_RE.match(f.name)))
+    base = 0 if idx and idx[0] == 0 else 1
+    names = [f"node_{i}" for i in range(base, base + expected) if i not in set(idx)]
+    if len(names) != expected - len(nodes):
+        names = []  # the numbering does not say which: only how many
+    what = ", ".join(names) if names else f"{expected - len(nodes)} node(s) (the logs' numbering does not say which)"
+    why = (f"{what} without a power log: the job had {expected} nodes ({source}), {len(nodes)} were measured")
+    summary["nodes_missing"] = names or expected - len(nodes)
+    b.data_quality["missing_devices"] = {"unit": "node", "expected": expected, "found": len(nodes),
+                                         "names": names, "source": source, "why": why}
+    b.warn(f"{why}; the run's energy is unknown (the measured nodes' sum is energy_run_measured_nodes_j)")
 
 
 # A node's power: what 3 x a 1 kW accelerator's TDP allows per accelerator slot (at least 8 slots).
@@ -570,7 +704,8 @@ def _read_nodes(files: list[Path], b: RunBuilder, per_node: int | None) -> dict[
         log = read_power_log(f, b)
         if log.host in nodes:
             raise SourceFormatError(f, None, f"a second power log for {log.host}; import one run at a time")
-        w = screen(b, "power_w", log.w, where=log.where, limits=(0.0, limit))
+        # screen only takes len() of and indexes its ``where`` (annotated list | ndarray): the lazy labels do
+        w = screen(b, "power_w", log.w, where=cast("list[str]", log.where), limits=(0.0, limit))
         r = clean_readings(log.t_ns, w)
         node = _Node(log, r.t_ns, r.value, r.quality)
         nodes[log.host] = node
@@ -624,8 +759,8 @@ def _energies(events: list[dict[str, Any]], nodes: dict[str, _Node], switches: l
     node_total: float | None = 0.0
     as_read_total: float | None = 0.0
     for host, n in nodes.items():
-        we = window_energy(n.t_ns, n.converted_w, t0, t1, hold_limit_s=hold_limit_s)
-        raw = window_energy(n.t_ns, n.as_read_w, t0, t1, hold_limit_s=hold_limit_s)
+        we = window_energy(n.t_ns, n.converted_w, t0, t1, hold_limit_s=hold_limit_s, **_time_rules(n.log))
+        raw = window_energy(n.t_ns, n.as_read_w, t0, t1, hold_limit_s=hold_limit_s, **_time_rules(n.log))
         per_node[host] = _node_entry(we, raw, n)
         b.device_quality(host, "node", edge_held_s=we.edge_held_s, held_start_s=we.held_start_s,
                          held_end_s=we.held_end_s, energy_why_null=we.why_null)
@@ -639,12 +774,17 @@ def _energies(events: list[dict[str, Any]], nodes: dict[str, _Node], switches: l
     held = {h: e["edge_held_s"] for h, e in per_node.items() if e["edge_held_s"]}
     switch_j = _switch_run_energy(switches, t0, t1, b, why, hold_limit_s)
     total = None if node_total is None else node_total + (switch_j or 0.0)
+    missing = b.data_quality.get("missing_devices")
+    if missing and total is not None:
+        why["energy_run_j"] = f"{missing['why']}: the run's energy is unknown (energy_run_measured_nodes_j)"
+        total = None
     summary.update({
         "energy_run_j": total, "energy_run_kwh": None if total is None else total / 3.6e6,
         "energy_run_parts_j": {"nodes": node_total, "switch": switch_j},
         "energy_run_nodes_as_read_j": as_read_total,
-        "energy_run_nodes_j": node_total,
-        "energy_run_nodes_kwh": None if node_total is None else node_total / 3.6e6,
+        "energy_run_nodes_j": None if missing else node_total,
+        "energy_run_measured_nodes_j": node_total,  # the nodes with a power log (all of them when none is missing)
+        "energy_run_nodes_kwh": None if node_total is None or missing else node_total / 3.6e6,
         "edge_held_s": {"max": max(held.values()) if held else 0.0, "nodes_held": len(held)},
         "per_node": per_node,
         "integration": "powertrain.core.energy.window_energy per node over run_start → run_stop (trapezoid, "
@@ -652,7 +792,7 @@ def _energies(events: list[dict[str, Any]], nodes: dict[str, _Node], switches: l
     })
     if total is None:
         why.setdefault("energy_run_j", why.get("energy_run_nodes_j", "unknown"))
-    if node_total is not None and summary.get("reported_energy_kwh"):
+    if node_total is not None and summary.get("reported_energy_kwh") and not missing:
         summary["energy_vs_reported_rel"] = node_total / 3.6e6 / summary["reported_energy_kwh"] - 1.0
     run = next((e for e in events if e["kind"] == "phase" and e["name"] == "run"), None)
     if run is not None:
@@ -660,6 +800,12 @@ def _energies(events: list[dict[str, Any]], nodes: dict[str, _Node], switches: l
     _step_energy(events, nodes, window, summary, hold_limit_s)
     _measurement_window_energy(nodes, summary, hold_limit_s)
     _score(nodes, switches, summary, b)
+
+
+def _time_rules(log: PowerLog) -> dict[str, Any]:
+    """What core.energy needs to apply its time rules to a log's sorted readings: the median interval
+    (the gap limit) and the intervals steps back re-lived, both found in file order."""
+    return {"period_s": log.period_s, "relived": log.relived}
 
 
 def _node_entry(we: WindowEnergy, raw: WindowEnergy, n: _Node) -> dict[str, Any]:
@@ -685,12 +831,14 @@ def _switch_run_energy(switches: list[PowerLog], t0: int, t1: int, b: RunBuilder
             reason = (f"{sw.path.name}: its timestamps ({iso(lo)} … {iso(hi)}) are not on the run's clock "
                       f"(run_start {iso(t0)}); it counts in the MLCommons score only")
         else:
-            we = window_energy(sw.t_ns, sw.w * sw.eff, t0, t1, hold_limit_s=hold_limit_s)
+            we = window_energy(sw.t_ns, sw.w * sw.eff, t0, t1, hold_limit_s=hold_limit_s, **_time_rules(sw))
             reason = None if we.energy_j is not None else f"{sw.path.name}: {we.why_null}"
             if we.energy_j is not None:
                 total += we.energy_j
                 b.add_telemetry(telemetry_table(sw.t_ns, sw.host, "switch", {"power_w": sw.w * sw.eff}))
-                b.add_device(sw.host, "switch", kind="switch", vendor=None, name="interconnect power estimate")
+                b.add_device(sw.host, "switch", kind="switch", vendor=None,
+                             name="interconnect power estimate" if sw.key == "interconnect_power_est"
+                             else "interconnect power meter")
         if reason:
             reasons.append(reason)
             b.drop(f"{reason} (not in the run's energy)")
@@ -711,7 +859,8 @@ def _step_energy(events: list[dict[str, Any]], nodes: dict[str, _Node], window: 
     lo, hi = min(window[0], int(a.min())), max(window[1], int(z.max()))
     step_e = np.zeros(len(steps))
     for n in nodes.values():
-        e_node, _ = windows_energy(n.t_ns, n.converted_w, a, z, span=(lo, hi), hold_limit_s=hold_limit_s)
+        e_node, _ = windows_energy(n.t_ns, n.converted_w, a, z, span=(lo, hi), hold_limit_s=hold_limit_s,
+                                   **_time_rules(n.log))
         step_e += e_node
     for e, v in zip(steps, step_e, strict=True):
         e["attrs"]["energy_j"] = None if np.isnan(v) else float(v)
@@ -729,7 +878,7 @@ def _measurement_window_energy(nodes: dict[str, _Node], summary: dict[str, Any],
         t0, t1 = _measurement_span(n.log)
         if n.log.start_ms is None or n.log.stop_ms is None or n.log.stop_ms <= n.log.start_ms:
             notes.append(f"{host}: marker missing or stop not after start, the readings' extent stands in")
-        we = window_energy(n.t_ns, n.converted_w, t0, t1, hold_limit_s=hold_limit_s)
+        we = window_energy(n.t_ns, n.converted_w, t0, t1, hold_limit_s=hold_limit_s, **_time_rules(n.log))
         total = None if total is None or we.energy_j is None else total + we.energy_j
         if we.why_null:
             summary.setdefault("why_null", {})["measurement_window_energy_j"] = f"{host}: {we.why_null}"
@@ -745,7 +894,7 @@ def mlcommons_node_power_w(log: PowerLog) -> tuple[float | None, str | None]:
     power_measurement_stop every reading weighs the time since the previous reading (or the start
     marker); the sum ÷ (stop − start). No stop marker, or one not after the start (where
     mlperf-logging divides by zero), is read as mlperf-logging reads a missing stop: the last reading."""
-    recs = sorted(log.records, key=lambda r: r[0])
+    recs = log.records.in_time_order()
     bogus_stop = log.start_ms is not None and log.stop_ms is not None and log.stop_ms <= log.start_ms
     agg = prev = last = start = 0.0
     start_found = stop_found = False
@@ -783,12 +932,12 @@ def _score(nodes: dict[str, _Node], switches: list[PowerLog], summary: dict[str,
             why["score_nodes_j"] = reason
     known = [v for v in per_node.values() if v is not None]
     nodes_j = sum(known) if len(known) == len(per_node) else None
-    # mlperf-logging takes each switch log's first estimate (in file order) as its constant power
-    switch_j = sum(sw.eff * next(v for _, k, v in sw.records if k == "interconnect_power_est" and v is not None)
-                   * ttt_s for sw in switches) if switches else None
-    if switch_j is None:
-        why["score_switch_j"] = "no switch power log (sw_*.txt): the score counts the nodes only, as MLCommons does"
-    total = None if nodes_j is None else nodes_j + (switch_j or 0.0)
+    switch_j = _score_switches(switches, ttt_s, why)
+    total = None if nodes_j is None or (switches and switch_j is None) else nodes_j + (switch_j or 0.0)
+    missing = b.data_quality.get("missing_devices")
+    if missing and total is not None:
+        why["score_j"] = f"{missing['why']}: the score would count the measured nodes only"
+        total = None
     summary.update({
         "time_to_train_s": ttt_s,
         "score_j": total, "score_kwh": None if total is None else total / 3.6e6,
@@ -796,7 +945,29 @@ def _score(nodes: dict[str, _Node], switches: list[PowerLog], summary: dict[str,
         "score_nodes_j": per_node,
         "score_rule": "MLCommons result_summarizer: Σ nodes conversion_eff × mean power over "
                       "power_measurement_start → stop (each reading × time since the previous) × time-to-train"
-                      " + Σ switches conversion_eff × interconnect_power_est × time-to-train",
+                      " + Σ switches conversion_eff × interconnect_power_est × time-to-train (a measured "
+                      "switch, power_reading lines, is scored as a node is: the summarizer reads estimates only)",
     })
     if nodes_j is not None and summary.get("reported_energy_kwh"):
         summary["score_nodes_vs_reported_rel"] = nodes_j / 3.6e6 / summary["reported_energy_kwh"] - 1.0
+
+
+def _score_switches(switches: list[PowerLog], ttt_s: float, why: dict[str, str]) -> float | None:
+    """The switches' part of the score: an estimate's first value (in file order, as mlperf-logging
+    takes it) × conversion_eff × time-to-train; a measured switch's mean power by the node rule × the
+    same. None (with the reason) when there is no switch log or one's part is unknown."""
+    if not switches:
+        why["score_switch_j"] = "no switch power log (sw_*.txt): the score counts the nodes only, as MLCommons does"
+        return None
+    total = 0.0
+    for sw in switches:
+        if sw.key == "interconnect_power_est":
+            est = next(v for _, k, v in sw.records if k == "interconnect_power_est" and v is not None)
+            total += sw.eff * est * ttt_s
+            continue
+        mean, reason = mlcommons_node_power_w(sw)
+        if mean is None:
+            why["score_switch_j"] = f"measured switch: {reason}"
+            return None
+        total += sw.eff * mean * ttt_s
+    return total

@@ -11,7 +11,12 @@ GPU order, so row ``i`` is GPU ``i mod N``; ``N`` is inferred from the gaps betw
 one sample are milliseconds apart, samples are a period apart) or given with ``gpus=N``.
 
 Timestamps are the local time of the machine that logged them (``YYYY/MM/DD HH:MM:SS.mmm``); the
-zone is an option (``tz``), defaulting to this machine's zone, and is recorded in ``run.json``.
+zone is an option (``tz``), defaulting to this machine's zone, and is recorded in ``run.json``. Each
+GPU's times are checked in the order the log wrote them (:func:`powertrain.importers.sanity.screen_time`):
+a step back of the clock (an NTP step, a log appended to after a reboot) and a gap longer than energy
+bridges (a logger stopped for an hour) are counted and named in ``run.json`` ``data_quality``, with a
+warning, and the clock intervals a step back re-lived are recorded there for the analysis, which
+refuses energy over a window either falls in.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from powertrain.importers.common import (
     resolve_zone,
     telemetry_table,
 )
-from powertrain.importers.sanity import screen
+from powertrain.importers.sanity import screen, screen_time
 from powertrain.importers.units import UnitError, conversion, dimension, split_value
 
 # One mapping of NVML reason bits for live sampling and imports alike.
@@ -160,6 +165,10 @@ def read_nvsmi(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo, gpus: 
     for col, values in rows.cols.items():
         arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
         fields[col] = _screened(builder, col, arr, where, dev_names)
+    idx = np.asarray(dev_idx)
+    for i in sorted(set(dev_idx)):  # time as the log wrote it, per GPU, before the rows are sorted
+        sel = idx == i
+        screen_time(builder, host, f"gpu{i}", t_arr[sel], where=where[sel])
     builder.add_telemetry(telemetry_table(t_arr, host, devices, fields))
     _add_devices(builder, host, id_key, dev_idx, rows)
 

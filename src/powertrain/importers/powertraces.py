@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrain.core.names import check_name
 from powertrain.importers.common import (
     NULL_WORDS,
     RunBuilder,
@@ -89,6 +90,7 @@ def column_of(path: Path, header: str) -> tuple[str, float, float, str] | None:
 
 
 def read_powertraces(path: Path, builder: RunBuilder, host: str, tz: dt.tzinfo) -> None:
+    check_name(host, f"{path}: host")  # it becomes telemetry/<host>.parquet: refused naming the source
     with open_text(path) as f:
         reader = csv.reader(f)
         try:

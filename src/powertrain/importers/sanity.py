@@ -24,6 +24,11 @@ What is implausible (:func:`default_limits`):
 Cumulative counters (energy, bytes) that go *backwards* by more than a wrap can explain are screened
 by :func:`screen_counter`: with a known modulus a drop is one wrap (kept, un-wrapped by
 :mod:`powertrain.core.counters`); without one, a drop is implausible and that reading is null.
+
+Time is data quality too (:func:`screen_time`): each device's reading times, in the order the source
+wrote them, are checked for steps back of the clock and for gaps longer than energy bridges; both are
+counted and named per device, and the clock intervals a step back re-lived are recorded so the
+analysis (which reads the sorted rows) refuses energy over them as the importer's own figures do.
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from powertrain.core.energy import (
+    DEFAULT_HOLD_LIMIT_S,
+    Intervals,
+    gap_limit_s,
+    median_period_s,
+    merge_intervals,
+    relived_intervals,
+)
 from powertrain.importers.common import RunBuilder
 
 ABSOLUTE_MAX_POWER_W = 3000.0
@@ -195,3 +208,51 @@ def implausible_total(b: RunBuilder) -> int:
     """How many readings :func:`screen` has kept out of this import so far."""
     imp = b.info.get("data_quality", {}).get("implausible", {})
     return int(sum(v.get("count", 0) for v in imp.values()))
+
+
+def screen_time(b: RunBuilder, host: str, device: str, t_ns: np.ndarray, *,
+                where: Sequence[str] | np.ndarray | None, hold_limit_s: float = DEFAULT_HOLD_LIMIT_S
+                ) -> tuple[Intervals, float | None]:
+    """Check one device's reading times **in the order the source wrote them** (before any sort):
+    steps back of the clock (a time earlier than the one before it) and gaps that energy will not
+    bridge (:mod:`powertrain.core.energy`, rules 4 and 5). Records them in ``run.json`` ``data_quality``
+    — per device ``clock_steps_back``, ``clock_stepped_back_s``, ``first_step_back`` (file:line),
+    ``relived_ns`` (the clock intervals the readings after each step live again, merged: the analysis
+    needs them, since the import sorts the rows), ``median_interval_s``, ``long_gaps``, ``long_gap_s``,
+    ``first_long_gap``; totals under ``data_quality.time`` — and warns once per device.
+
+    Returns the merged re-lived intervals and the median interval (s), which the importer's own energy
+    figures pass to the integral."""
+    t = np.asarray(t_ns, dtype=np.int64).ravel()
+    lo, hi = relived_intervals(t)
+    period = median_period_s(t)
+    limit = gap_limit_s(period, hold_limit_s)
+    ts = np.sort(t)
+    d = np.diff(ts)
+    long = np.flatnonzero(d > limit * 1e9) if limit is not None else np.empty(0, dtype=np.int64)
+    merged = merge_intervals(lo, hi)
+    entry = b.device_quality(host, device, median_interval_s=period)
+    if lo.size:
+        first = int(np.flatnonzero(t[1:] < t[:-1])[0]) + 1
+        entry.update(clock_steps_back=int(lo.size), clock_stepped_back_s=float((hi - lo).sum() / 1e9),
+                     first_step_back=_where_of(where, first),
+                     relived_ns=[[int(a), int(z)] for a, z in zip(*merged, strict=True)])
+        b.warn(f"{host}/{device}: the clock goes backwards {lo.size} time(s) in the log ({(hi - lo).sum() / 1e9:.1f} s in "
+               f"all; first at {_where_of(where, first) or 'unknown line'}, by {(hi[0] - lo[0]) / 1e9:.1f} s): energy "
+               "over a window a step back falls in is unknown")
+    if long.size:
+        k = int(long[0])
+        entry.update(long_gaps=int(long.size), long_gap_s=float(d[long].sum() / 1e9),
+                     first_long_gap={"from_ns": int(ts[k]), "seconds": float(d[k] / 1e9)})
+        b.warn(f"{host}/{device}: {long.size} gap(s) in the readings longer than the {limit:.3g} s energy bridges "
+               f"(the longest {d[long].max() / 1e9:.1f} s, {d[long].sum() / 1e9:.1f} s in all): energy over a "
+               "window a gap falls in is unknown")
+    tq = b.data_quality.setdefault("time", {"clock_steps_back": 0, "clock_stepped_back_s": 0.0, "long_gaps": 0,
+                                            "long_gap_s": 0.0, "devices": []})
+    if lo.size or long.size:
+        tq["clock_steps_back"] += int(lo.size)
+        tq["clock_stepped_back_s"] += float((hi - lo).sum() / 1e9)
+        tq["long_gaps"] += int(long.size)
+        tq["long_gap_s"] += float(d[long].sum() / 1e9)
+        tq["devices"].append(f"{host}/{device}")
+    return merged, period

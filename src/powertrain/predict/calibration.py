@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from powertrain.core.yamlfile import load_yaml
+from powertrain.core.yamlfile import load_yaml_file
 from powertrain.hardware import HostProbe
 
 SHIPPED_DIR = Path(__file__).with_name("calibrations")
@@ -272,7 +272,7 @@ def load_calibration(name_or_path: str | Path | Calibration | None = None) -> Ca
         if path.is_file():
             stamp = (str(path.resolve()), path.stat().st_mtime)
             if stamp not in _CACHE:
-                _CACHE[stamp] = calibration_from_dict(load_yaml(path.read_text(), path) or {}, str(path))
+                _CACHE[stamp] = calibration_from_dict(load_yaml_file(path, "calibration profile") or {}, str(path))
             return _CACHE[stamp]
     if key == "default":
         return Calibration()

@@ -26,7 +26,7 @@ from typing import Any
 from powertrain.core.flops import hardware_flops_per_token, model_flops_per_token
 from powertrain.core.lora import MLPERF_RANK, MLPERF_TARGETS
 from powertrain.core.lora import TARGETS as LORA_TARGETS
-from powertrain.core.yamlfile import load_yaml
+from powertrain.core.yamlfile import load_yaml_file
 from powertrain.hardware import DeviceSpec, get_device
 from powertrain.predict.case import Case
 
@@ -604,7 +604,7 @@ def read_published(path: str | Path | None = None) -> tuple[dict[str, Any], list
     if not path.is_file():
         raise FileNotFoundError(f"calibration file {path} not found; pass the path of a calibration_runs.yaml")
     # the C loader when PyYAML has it: the file is 270+ runs, the pure-Python loader takes seconds
-    raw = load_yaml(path.read_text(), path) or {}
+    raw = load_yaml_file(path, "published-runs table") or {}
     meta: dict[str, Any] = raw["meta"] if isinstance(raw.get("meta"), dict) else {}
     return meta, [_read_entry(r, i) for i, r in enumerate(raw.get("runs") or [])]
 

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+from array import array
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,17 +32,16 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep, window_text
 from powertrain.analyze import steps as steps_mod
 from powertrain.analyze import telemetry as tel
+from powertrain.analyze.events import KEPT_STEP, RunEvents
 from powertrain.analyze.metrics import METRICS
 from powertrain.report import figures as F
 from powertrain.report.powercap import add_powercap_section
+from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import RunDir, dir_mode, file_mode
-from powertrain.store.tables import read_events
 from powertrain.store.targets import check_output_folder
 from powertrain.store.validate import check_run
 
@@ -168,17 +168,14 @@ def _fmt_s(v: float | None) -> str:
 # run view
 
 
-def _step_spans(events: Any, t0: int) -> list[tuple[float, float, str]]:
-    st = events.filter(pc.equal(events["kind"], "step"))
-    spans: dict[tuple[int, str], list[int]] = {}
-    for s, w, a, b in zip(st["step"].to_pylist(), st["window"].to_pylist(), st["t_start_ns"].to_pylist(),
-                          st["t_end_ns"].to_pylist(), strict=True):
-        if s is None:
-            continue
-        k = (s, w or "")
-        cur = spans.setdefault(k, [a, b])
-        cur[0], cur[1] = min(cur[0], a), max(cur[1], b)
-    return [((a - t0) / 1e9, (b - t0) / 1e9, w) for (_, w), (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])]
+def _step_spans(events: RunEvents, t0: int) -> list[tuple[float, float, str]]:
+    """Per (step number, window) of the step events: (earliest start, latest end) in seconds since ``t0``,
+    and the window ("" when none), by start; at equal starts in the order the events first come."""
+    first = "min(_row)" if events.table_order else "min([rank, t_start_ns, _file, _row])"
+    rows = events.rows(f'SELECT coalesce("window", \'\') AS w, min(t_start_ns) AS a, max(t_end_ns) AS b, {first} AS o '
+                       "FROM ev WHERE kind = 'step' AND step IS NOT NULL AND t_start_ns IS NOT NULL "
+                       "AND t_end_ns IS NOT NULL GROUP BY step, w ORDER BY a, o")
+    return [((a - t0) / 1e9, (b - t0) / 1e9, w) for w, a, b, _ in rows]
 
 
 HEATMAP_MIN_DEVICES = 17  # from this many devices on, power is also drawn as a device × time heatmap
@@ -274,10 +271,10 @@ def build_run_report(path: Path, out: Path, formats: tuple[str, ...] = FORMATS) 
     _metrics_table(rep, summ, absent)
     if pred:
         return rep.write()
-    events = read_events(path)
-    _run_timelines(rep, path, name, summ, info, events, imported, absent)
-    _step_energy(rep, name, summ)
-    _step_time(rep, name, events, info)
+    with RunEvents.open(path) as events:  # queried where they lie: a long run's events are never one table
+        _run_timelines(rep, path, name, summ, info, events, imported, absent)
+        _step_energy(rep, name, summ)
+        _step_time(rep, name, events, info)
     _profiled_steps(rep, name, summ)
     _data_quality(rep, summ, imported)
     return rep.write()
@@ -316,8 +313,8 @@ def _run_header(rep: Report, summ: dict[str, Any], info: dict[str, Any], name: s
         rep.p(note, "note")
 
 
-def _run_timelines(rep: Report, path: Path, name: str, summ: dict[str, Any], info: dict[str, Any], events: Any,
-                   imported: bool, absent: str) -> None:
+def _run_timelines(rep: Report, path: Path, name: str, summ: dict[str, Any], info: dict[str, Any],
+                   events: RunEvents, imported: bool, absent: str) -> None:
     """Telemetry per device over time (step windows shaded), and with many devices a power heatmap."""
     series, missing, t0, heat = _timeline_series(path, info.get("fields_supported") or [], imported)
     spans = _step_spans(events, t0) if events.num_rows and t0 else []
@@ -353,7 +350,7 @@ def _step_energy(rep: Report, name: str, summ: dict[str, Any]) -> None:
                    "step window (devices that did not report in a sample period leave it out).")
 
 
-def _step_time(rep: Report, name: str, events: Any, info: dict[str, Any]) -> None:
+def _step_time(rep: Report, name: str, events: RunEvents, info: dict[str, Any]) -> None:
     """Step-time distribution and per-rank heatmap, self time per phase per rank, the pipeline view."""
     sd = steps_mod.measured_steps(events, info.get("rank_map"), info.get("warmup_steps"))
     rep.h("Step time")
@@ -406,11 +403,20 @@ def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> 
     rows = [[f"{d['host']}/{d['device']}", d.get("samples"),
              "—" if d.get("rate_hz") is None else f"{d['rate_hz']:.3g} Hz",
              d.get("gaps"), _fmt_s(d.get("gap_s")), _fmt_s(d.get("max_interval_s")),
+             d.get("clock_steps_back") or 0, d.get("long_gaps") or 0,
              _fmt_s(d.get("edge_held_s")) if d.get("energy_why_null") is None else d["energy_why_null"]]
             for d in dq.get("devices") or []]
     if rows:
         rep.table(["device", "samples in window", "achieved rate", "gaps (> 2.5 periods)", "time in gaps",
-                   "longest interval", "energy: edges held (or why null)"], rows)
+                   "longest interval", "clock steps back", "gaps energy does not bridge",
+                   "energy: edges held (or why null)"], rows)
+    missing = dq.get("missing_devices") or {}
+    if missing.get("why"):
+        rep.p(f"Missing from the data: {missing['why']}; the run's energy is unknown.", "note")
+    for field, bad in sorted((dq.get("implausible") or {}).items()):
+        kinds = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in sorted(bad.get("kinds", {}).items()))
+        rep.p(f"{field}: {bad.get('count')} implausible reading(s) kept out of every metric ({kinds}) on "
+              f"{', '.join(bad.get('devices') or [])}.", "note")
     for note in dq.get("telemetry_notes") or []:
         rep.p(note, "note")
 
@@ -585,8 +591,10 @@ def _stage_breakdown(done: list[tuple[dict[str, Any], dict[str, Any]]], sweep: P
     groups = []
     for r, s in done:
         run_path = sweep / str(r["id"])
-        events = read_events(run_path) if (run_path / "events").is_dir() else None
-        sd = steps_mod.measured_steps(events) if events is not None and events.num_rows else None
+        sd = None
+        if (run_path / "events").is_dir():
+            with RunEvents.open(run_path) as events:
+                sd = steps_mod.measured_steps(events)
         phases = sd.phases if sd is not None else []  # as in the run's report: a reused number counts once per use
         n = sd.n if sd is not None else 0
         if not phases or not n:
@@ -618,44 +626,95 @@ def _attrs(text: str | None) -> dict[str, Any]:
 MAX_PIPELINE_ROWS = 32
 
 
-def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[dict[str, Any]]) -> None:
+# A stage call: a forward / backward event with a micro-batch and ``attrs.stage`` (JSON; LIKE is a
+# first cut, :func:`_attrs` decides).
+_STAGE_CALL = "kind IN ('forward', 'backward') AND microbatch IS NOT NULL AND attrs LIKE '%stage%'"
+
+
+class _StageCalls:
+    """What the pipeline view needs of the stage calls of the measured steps (one replica's), gathered
+    one event at a time: the calls of the last measured step that has any, and per (stage, rank) the
+    counts, durations and steps, so nothing holds every call of a long run."""
+
+    def __init__(self, order: dict[tuple[int, int], int]) -> None:
+        self.order = order  # measured step -> its place in the run
+        self.last: tuple[int, int] | None = None  # the latest measured step with stage calls
+        self.mine: list[dict[str, Any]] = []  # its calls, in the events' order
+        self.durations: dict[tuple[int, int], dict[str, array]] = {}  # (stage, rank) -> what -> ns
+        self.sids: dict[tuple[int, int], dict[tuple[int, int], None]] = {}  # (stage, rank) -> its steps, in order
+        self.rank_busy: dict[tuple[int, tuple[int, int]], int] = {}  # (rank, step) -> ns in stage calls
+        self.spans: dict[tuple[int, tuple[int, int]], tuple[int, int]] = {}  # (rank, step) -> pipeline phase
+
+    def add(self, rank: int, sid: tuple[int, int], stage: int, what: str, microbatch: int, a: int, b: int) -> None:
+        key = (stage, rank)
+        self.durations.setdefault(key, {}).setdefault(what, array("q")).append(b - a)
+        self.sids.setdefault(key, {})[sid] = None
+        self.rank_busy[(rank, sid)] = self.rank_busy.get((rank, sid), 0) + b - a
+        if self.last is None or self.order[sid] > self.order[self.last]:
+            self.last, self.mine = sid, []  # an earlier rank had no call in it (it would have set it)
+        if sid == self.last:
+            self.mine.append({"rank": rank, "stage": stage, "what": what, "microbatch": microbatch,
+                              "t_start_ns": a, "t_end_ns": b})
+
+
+def _stage_calls(events: RunEvents, sd: Any, rank_map: list[dict[str, Any]]) -> _StageCalls:
+    """The stage calls and pipeline phases of the measured steps, one rank at a time in time order.
+
+    A step is (repeat, number) as in the analysis (steps_mod.event_repeats): an event belongs to the
+    last use of its number on its rank that started at or before it (the first when none did)."""
+    calls = _StageCalls({sid: j for j, sid in enumerate(zip(sd.repeats.tolist(), sd.steps.tolist(), strict=True))})
+    measured = calls.order
+    coords = {int(e["rank"]): e.get("coords") or {} for e in rank_map if "rank" in e}
+    events.register_steps("_pipeline_steps", np.unique(sd.steps))
+    where = (f"step IN (SELECT step FROM _pipeline_steps) AND (kind IN ('forward', 'backward', 'phase') "
+             f"OR ({KEPT_STEP}))")
+    first_steps = "CASE WHEN kind = 'step' THEN 0 ELSE 1 END"  # a step counts for what starts with it
+    for rank in events.ranks(where):
+        uses: dict[int, int] = {}  # step number -> this rank's step events of it started so far
+        c = coords.get(rank, {})
+        other_replica = bool(c.get("dp", 0) or c.get("tp", 0) or c.get("cp", 0))  # repeats the same schedule
+        for rows in events.rank_chunks(rank, where, "kind, name, step, t_start_ns, t_end_ns, microbatch, attrs",
+                                       first_steps):
+            for kind, name, step, a, b, mb, attrs in rows:
+                if kind == "step":
+                    uses[step] = uses.get(step, 0) + 1
+                    continue
+                sid = (max(uses.get(step, 0) - 1, 0), step)
+                if sid not in measured:
+                    continue  # a warm-up use of a measured step's number
+                if kind == "phase":
+                    if name == "pipeline":
+                        calls.spans[(rank, sid)] = (a, b)
+                    continue
+                at = _attrs(attrs)
+                if "stage" in at and mb is not None and not other_replica:
+                    calls.add(rank, sid, int(at["stage"]), "loss" if at.get("part") == "loss" else kind, mb, a, b)
+    return calls
+
+
+def _pipeline_view(rep: Report, name: str, events: RunEvents, sd: Any, rank_map: list[dict[str, Any]]) -> None:
     """Per pipeline stage: one measured step's forward / backward per micro-batch (the 1F1B pattern and
     its bubble), and a table of stage call counts, mean durations and bubble share over the measured steps.
 
     Drawn only where ranks recorded stage calls (forward / backward events with ``attrs.stage``, as the
     built-in trainer's timed pipeline stages write); one data-parallel / tensor-parallel replica is shown.
     """
-    # A step is (repeat, number) as in the analysis (steps_mod.event_repeats): a number a rank used more
-    # than once (an epoch loop's index) is several steps, never one.
-    events = events.append_column("_repeat", pa.array(steps_mod.event_repeats(events), pa.int64()))
-    sel = events.filter(pc.and_(pc.is_in(events["kind"], pa.array(["forward", "backward", "phase"])),
-                                pc.is_in(events["step"], pa.array(sorted(set(sd.steps.tolist())), pa.int64()))))
-    measured = set(zip(sd.repeats.tolist(), sd.steps.tolist(), strict=True))
-    coords = {int(e["rank"]): e.get("coords") or {} for e in rank_map if "rank" in e}
-    calls: list[dict[str, Any]] = []
-    spans: dict[tuple[int, tuple[int, int]], tuple[int, int]] = {}  # (rank, (repeat, step)) -> pipeline phase
-    for e in sel.to_pylist():
-        sid = (e["_repeat"], e["step"])
-        if sid not in measured:
-            continue  # a warm-up use of a measured step's number
-        if e["kind"] == "phase":
-            if e["name"] == "pipeline":
-                spans[(e["rank"], sid)] = (e["t_start_ns"], e["t_end_ns"])
-            continue
-        a = _attrs(e["attrs"])
-        if "stage" in a and e["microbatch"] is not None:
-            c = coords.get(e["rank"], {})
-            if c.get("dp", 0) or c.get("tp", 0) or c.get("cp", 0):
-                continue  # other replicas repeat the same schedule
-            kind = "loss" if a.get("part") == "loss" else e["kind"]
-            calls.append({**e, "sid": sid, "stage": int(a["stage"]), "what": kind})
-    if not calls:
-        return
+    if not events.one(f"SELECT count(*) FROM ev WHERE {_STAGE_CALL}")[0]:
+        return  # no stage call in the run: nothing to read
+    calls = _stage_calls(events, sd, rank_map)
+    best = calls.last
+    if best is None:
+        return  # no stage call of a measured step on the replica shown
     rep.h("Per pipeline stage")
-    last = (int(sd.repeats[-1]), int(sd.steps[-1]))  # the last measured step: past warm-up, typical of the steady state
+    # the last measured step, past warm-up, typical of the steady state (the last with stage calls
+    # when it has none and no pipeline phase either: there is nothing to draw of it)
+    last, mine, spans = (int(sd.repeats[-1]), int(sd.steps[-1])), calls.mine, calls.spans
+    if last != best and not any(s == last for _, s in spans):
+        last = best
+    elif last != best:
+        mine = []
     step = f"{last[1]}" + (f" (use {last[0] + 1} of that number)" if last[0] else "")
-    mine = [c for c in calls if c["sid"] == last]
-    ranks_of = sorted({(c["stage"], c["rank"]) for c in calls})[:MAX_PIPELINE_ROWS]
+    ranks_of = sorted(calls.sids)[:MAX_PIPELINE_ROWS]
     t0 = min([c["t_start_ns"] for c in mine] + [a for (r, s), (a, _) in spans.items() if s == last])
     rows = []
     for stage, rank in ranks_of:
@@ -671,20 +730,14 @@ def _pipeline_view(rep: Report, name: str, events: Any, sd: Any, rank_map: list[
         "(with virtual stages, also the time the rank spends on its other stages, drawn on their own rows).")
     table = []
     for stage, rank in ranks_of:
-        mycalls = [c for c in calls if c["stage"] == stage and c["rank"] == rank]
-        fwd = [c for c in mycalls if c["what"] == "forward"]
-        bwd = [c for c in mycalls if c["what"] == "backward"]
-        busy: dict[tuple[int, int], int] = {}
-        for c in mycalls:
-            busy[c["sid"]] = busy.get(c["sid"], 0) + c["t_end_ns"] - c["t_start_ns"]
+        fwd = calls.durations[(stage, rank)].get("forward", array("q"))
+        bwd = calls.durations[(stage, rank)].get("backward", array("q"))
         # bubble share of the rank's pipeline phase; a rank holding several stages shares one phase
-        rank_busy = {s: sum(c["t_end_ns"] - c["t_start_ns"] for c in calls if c["rank"] == rank and c["sid"] == s)
-                     for s in busy}
-        shares = [1 - rank_busy[s] / (spans[(rank, s)][1] - spans[(rank, s)][0]) for s in busy
-                  if (rank, s) in spans and spans[(rank, s)][1] > spans[(rank, s)][0]]
+        shares = [1 - calls.rank_busy[(rank, s)] / (spans[(rank, s)][1] - spans[(rank, s)][0])
+                  for s in calls.sids[(stage, rank)] if (rank, s) in spans and spans[(rank, s)][1] > spans[(rank, s)][0]]
 
-        def mean_ms(cs: list[dict[str, Any]]) -> str:
-            return "—" if not cs else f"{np.mean([c['t_end_ns'] - c['t_start_ns'] for c in cs]) / 1e6:.3g} ms"
+        def mean_ms(ns: array) -> str:
+            return "—" if not ns else f"{np.mean(np.frombuffer(ns, dtype=np.int64)) / 1e6:.3g} ms"
 
         table.append([stage, rank, len(fwd) // max(sd.n, 1), len(bwd) // max(sd.n, 1), mean_ms(fwd), mean_ms(bwd),
                       "—" if not shares else f"{100 * float(np.mean(shares)):.1f} %"])
@@ -727,6 +780,7 @@ def build_report(path: str | Path, out: str | Path | None = None, formats: tuple
             f"{path} is neither a run directory (no run.json) nor a sweep folder (no sweep.json and no subfolder "
             "with a run.json)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out_dir.parent, [f".{out_dir.name}.building-*", f".{out_dir.name}.old-*"])  # a killed report's
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.building-"))
     try:
         if is_run:

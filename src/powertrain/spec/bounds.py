@@ -5,7 +5,8 @@ with a safe loader that counts what YAML aliases would expand to **before** anyt
 "anchor bomb" of a few hundred bytes can stand for billions of nodes; PyYAML shares them, but every
 later copy, validation or dump expands them) and refuses a mapping that writes one key twice
 (:mod:`powertrain.core.yamlfile`: PyYAML would keep the second without a word). Every refusal is one
-line naming the file and the number over its limit, or the line of the repeated key.
+line naming the file and the number over its limit, or the line of the repeated key; anything but a
+regular file (a FIFO, ``/dev/zero``, a socket) is refused before it is opened.
 
 :func:`control_char_field` finds newlines, carriage returns and NULs in keys and values: none of
 them has a meaning in a configuration value, and in a value that reaches a generated shell or batch
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from powertrain.core.files import NotRegularFile, file_kind, read_regular_bytes
 from powertrain.core.yamlfile import UniqueKeyLoader
 
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: the study's largest spec is a few KiB
@@ -75,9 +77,10 @@ def control_char_field(raw: Any, where: str = "", skip: frozenset[str] = frozens
 
 
 def read_spec_bytes(path: Path, limit: int = MAX_SPEC_BYTES) -> bytes:
-    """The bytes of a spec file, refused (one line) when missing, a directory, unreadable or over ``limit``.
+    """The bytes of a spec file, refused (one line) when missing, a directory, not a regular file (a FIFO
+    would hang the read, ``/dev/zero`` never end), unreadable or over ``limit``.
 
-    At most ``limit + 1`` bytes are read, so a device or pipe that never ends (``/dev/zero``) is refused too.
+    At most ``limit + 1`` bytes are read, so a file that grows while it is read is refused too.
     """
     try:
         st = path.stat()
@@ -87,12 +90,16 @@ def read_spec_bytes(path: Path, limit: int = MAX_SPEC_BYTES) -> bytes:
         raise SpecFileError(f"{shown(path)}: cannot read the spec file: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
         raise SpecFileError(f"{shown(path)} is a directory, not a spec file; give the YAML file inside it")
-    if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+    if not stat.S_ISREG(st.st_mode):  # looked at before opening: opening a FIFO waits for a writer
+        raise SpecFileError(f"{shown(path)}: is {file_kind(st.st_mode)}, not a regular file; give the spec as a "
+                            "regular file")
+    if st.st_size > limit:
         raise SpecFileError(f"{shown(path)}: spec file is {st.st_size:,} bytes, over the limit of {limit:,} bytes "
                             f"({limit / 2**20:g} MiB)")
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular_bytes(path, "the spec", limit)  # refuses a FIFO swapped in since the stat, too
+    except NotRegularFile as exc:
+        raise SpecFileError(shown(str(exc))) from None
     except OSError as exc:
         raise SpecFileError(f"{shown(path)}: cannot read the spec file: {exc.strerror}") from None
     if len(data) > limit:

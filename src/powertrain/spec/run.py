@@ -12,6 +12,7 @@ from typing import Any, Literal, cast, get_args
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from powertrain.core.lora import Lora, check_targets
+from powertrain.core.names import label_problem
 from powertrain.spec.bounds import SpecFileError, control_char_field, load_spec_yaml, shown
 from powertrain.spec.layout import Layout
 from powertrain.spec.model import ModelConfig, get_model
@@ -232,7 +233,9 @@ class RunLaunch(SpecModel):
 class RunConfig(SpecModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "run"
+    name: str = Field(default="run", max_length=1_000,
+                      description="a label (run.json, tables); `run` names its default folder after it, which "
+                                  "then must be one path component")
     model: ModelConfig
     layout: Layout = Layout()
     knobs: Knobs = Knobs()
@@ -250,6 +253,18 @@ class RunConfig(SpecModel):
         found = control_char_field(v)
         if found:
             raise ValueError(f"{found[0]} holds {found[1]}, which no configuration value may hold")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_label(cls, v: str) -> str:
+        """Printable characters only: a terminal escape sequence or bidi override in a run's name would be
+        obeyed by every terminal that shows it. Slashes are allowed — a label, not a path (``predict
+        --study`` names its points ``study/model/layout/…``); where a name becomes a folder it is checked
+        as one (``core.names.check_name``)."""
+        why = label_problem(v)
+        if why:
+            raise ValueError(f"{why}; a run's name holds printable characters only")
         return v
 
     @field_validator("model", mode="before")

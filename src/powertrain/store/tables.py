@@ -6,12 +6,17 @@ file on disk is a complete Parquet file and a ``kill -9`` loses at most the rows
 A new segment starts every ``segment_s`` so the rewrite stays small. ``close()`` (or
 :func:`finalize`, for a writer that was killed) compacts the segments into ``<name>.parquet`` and
 removes the part folder. Readers prefer the compacted file and fall back to the segments.
+
+Readers open regular files only: a FIFO, device or socket where a stream's file belongs is a
+:class:`~powertrain.core.files.NotRegularFile` (opening a FIFO would wait for a writer for ever), and
+one among the segments is skipped as a torn segment is. ``store.validate`` names either as damage first.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,7 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from powertrain.core.files import is_regular_file, require_regular_file
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import set_file_mode
 
 
@@ -45,6 +52,9 @@ class StreamingTableWriter:
         self.segment_s = segment_s
         self.parts = self.base.with_name(self.base.name + ".parts")
         self.parts.mkdir(parents=True, exist_ok=True)
+        # a killed writer's temporary segment, whichever segment it was: done once here, not in
+        # _write_atomic (each flush, every second, would list a folder of up to 5 760 segments a day)
+        remove_stale(self.parts, [".seg-*.parquet.{pid}.tmp"])
         existing = sorted(self.parts.glob("seg-*.parquet"))
         self._seg_index = int(existing[-1].stem.split("-")[1]) + 1 if existing else 0
         self._seg_batches: list[pa.RecordBatch] = []
@@ -99,11 +109,12 @@ def finalize(base: Path, schema: pa.Schema) -> Path:
     if not parts.is_dir():
         return final
     segments = sorted(parts.glob("seg-*.parquet"))
+    remove_stale(final.parent, [f".{final.name}.{{pid}}.tmp"])  # a compaction that was killed
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             buffer = _RowGroupBuffer(writer, schema)
-            if final.is_file():  # an earlier finalize ran but died before removing the parts
+            if _present(final):  # an earlier finalize ran but died before removing the parts
                 pf = pq.ParquetFile(final)
                 for i in range(pf.num_row_groups):
                     buffer.add(pf.read_row_group(i))
@@ -141,13 +152,29 @@ class _RowGroupBuffer:
         self.tables, self.rows = [], 0
 
 
+def _present(path: Path) -> bool:
+    """Whether a stream's compacted file is there to read: True for a regular file, False for nothing
+    (or a folder, which ``store.validate`` names); a FIFO, device or socket is :class:`NotRegularFile`."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False  # missing, or not reachable: as Path.is_file() said before
+    if stat.S_ISDIR(mode):
+        return False
+    require_regular_file(path)
+    return True
+
+
 def _read_file(path: Path) -> pa.Table:
     """One Parquet file, whole. Not ``pq.read_table``: that goes through Arrow's dataset layer,
     whose import alone costs about a second of CPU in every short-lived CLI process."""
+    require_regular_file(path)  # before Arrow opens it: a FIFO's open would block
     return pq.ParquetFile(path).read()
 
 
 def _read_readable(path: Path) -> pa.Table | None:
+    if not is_regular_file(path):
+        return None  # a FIFO or device among the segments: skipped unopened (store.validate names it)
     try:
         return _read_file(path)
     except (OSError, pa.ArrowInvalid):
@@ -159,7 +186,7 @@ def read_stream(base: Path, schema: pa.Schema) -> pa.Table:
     final = Path(str(base).removesuffix(".parquet") + ".parquet")
     parts = final.with_name(final.name.removesuffix(".parquet") + ".parts")
     tables = []
-    if final.is_file():
+    if _present(final):
         tables.append(_read_file(final))
     if parts.is_dir():
         tables += [t for t in (_read_readable(p) for p in sorted(parts.glob("seg-*.parquet"))) if t is not None]
@@ -183,13 +210,15 @@ def telemetry_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     out: list[Path] = []
     for stream in _streams(folder) if folder.is_dir() else []:
         final = stream.with_name(stream.name + ".parquet")
-        if final.is_file():
+        if _present(final):
             out.append(final)
         out += [p for p in sorted(stream.with_name(stream.name + ".parts").glob("seg-*.parquet")) if _has_footer(p)]
     return out
 
 
 def _has_footer(path: Path) -> bool:
+    if not is_regular_file(path):
+        return False  # never opened: a FIFO would block
     try:
         pq.read_metadata(path)
     except (OSError, pa.ArrowInvalid):
@@ -213,6 +242,21 @@ def read_events(run_dir: str | os.PathLike[str]) -> pa.Table:
     if not tables:
         return EVENTS_SCHEMA.empty_table()
     return pa.concat_tables(tables).sort_by([("rank", "ascending"), ("t_start_ns", "ascending")])
+
+
+def events_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The readable Parquet files of a run's events, in the order :func:`read_events` concatenates
+    them before its sort (per stream, by name: its compacted file, then its segments; a torn segment
+    skipped), so a scanner that breaks ties by (position in this list, row in the file) orders the
+    rows as :func:`read_events` does. Nothing is loaded."""
+    folder = Path(run_dir) / "events"
+    out: list[Path] = []
+    for stream in _streams(folder) if folder.is_dir() else []:
+        final = stream.with_name(stream.name + ".parquet")
+        if _present(final):  # as read_stream: a FIFO where the file belongs is refused, never opened
+            out.append(final)
+        out += [p for p in sorted(stream.with_name(stream.name + ".parts").glob("seg-*.parquet")) if _has_footer(p)]
+    return out
 
 
 def finalize_run_streams(run_dir: str | os.PathLike[str]) -> None:

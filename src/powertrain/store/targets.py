@@ -11,7 +11,10 @@ Every command that writes (``predict --out``, ``trace -o``, ``report``, ``summar
   profile over a profile); a measured run is never replaced;
 * a new run directory is never created inside another run directory;
 * names given on the command line (``--name``, run names that become folder names) are one path
-  component: no ``/``, no ``\\``, not ``.`` or ``..``, not empty, no NUL or newline.
+  component (:func:`powertrain.core.names.check_name`, the one rule: no ``/`` or ``\\``, not ``.`` or
+  ``..``, not empty, only printable characters, no leading ``-`` or ``.``, at most 200 bytes);
+* ``monitor --out`` / ``run --out`` never make a run of a sweep folder (its runs would be hidden
+  inside a run) or of a sweep's or run's own files (:func:`check_new_run_dir`).
 
 A refusal is a :class:`WriteRefused` (a ``ValueError``) whose message is one line naming the path.
 
@@ -28,9 +31,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from powertrain.core.names import BadName
+from powertrain.core.names import check_name as _check_name
+
 RUN_FILES = frozenset({"run.json", "summary.json"})
 RUN_FOLDERS = frozenset({"telemetry", "events", "logs"})
-SWEEP_FILES = frozenset({"sweep.json", "summary.parquet", ".lock"})
+SWEEP_FILES = frozenset({"sweep.json", "sweep.state.jsonl", "summary.parquet", ".lock"})
 SWEEP_FOLDERS = frozenset({".specs", ".launch", ".attempts", ".baseline"})
 
 
@@ -59,19 +65,12 @@ def _a(word: str) -> str:
 
 
 def check_name(name: str, what: str) -> str:
-    """``name`` if it is one safe path component; else :class:`WriteRefused` naming ``what``."""
-    bad = None
-    if not name or not name.strip():
-        bad = "is empty"
-    elif any(c in name for c in ("\x00", "\n", "\r")):
-        bad = "contains a NUL or newline"
-    elif "/" in name or "\\" in name or os.sep in name:
-        bad = "contains a path separator"
-    elif name in (".", "..") or name.strip() in (".", ".."):
-        bad = "is . or .."
-    if bad:
-        raise WriteRefused(f"{what} {name!r} {bad}: give a plain name (letters, digits, - _ .)")
-    return name
+    """``name`` if it is one safe path component (:func:`powertrain.core.names.check_name`); else
+    :class:`WriteRefused` naming ``what``."""
+    try:
+        return _check_name(name, what)
+    except BadName as exc:
+        raise WriteRefused(str(exc)) from None
 
 
 def check_path_text(path: str | os.PathLike[str], what: str) -> Path:
@@ -90,6 +89,24 @@ def _is_run_dir(p: Path) -> bool:
 
 def _is_sweep_dir(p: Path) -> bool:
     return (p / "sweep.json").is_file()
+
+
+def check_new_run_dir(out: str | os.PathLike[str], option: str = "--out") -> Path:
+    """``out`` when ``monitor``/``run`` may make a run directory there: not a sweep folder (a folder holding
+    ``sweep.json`` is a sweep, not a run: made a run, its runs would be hidden under it), not a sweep's or a
+    run's own file or folder (``sweep.json``, ``.specs/``, ``telemetry/``, …), not inside a run directory.
+    Else :class:`WriteRefused`, one line naming the folder. An existing run there is the caller's to judge
+    (the other nodes of a run, and srun's tasks, join it)."""
+    p = Path(out)
+    if _is_sweep_dir(p):
+        raise WriteRefused(f"{option} {p}: is a sweep folder (it holds sweep.json), not a run; a run made there "
+                           f"would hide the sweep's runs — pick a new {option} folder")
+    prot = protected_reason(p)
+    if prot and not _is_run_dir(p):
+        raise WriteRefused(f"{option} {p}: {prot}; pick a new {option} folder")
+    if (inside := enclosing_run(p)) is not None:
+        raise WriteRefused(f"{option} {p}: inside the run directory {inside}; pick a folder outside it")
+    return p
 
 
 def enclosing_run(path: str | os.PathLike[str]) -> Path | None:

@@ -8,6 +8,8 @@ everywhere, in one line::
 
 What counts as damage (each is a :class:`Problem`):
 
+* a file the readers would open that is not a regular file — a FIFO (opening it would wait for a writer
+  for ever), a device, a socket — wherever it is, segments included (refused before anything opens it);
 * ``run.json`` unreadable (permissions, a directory in its place), not UTF-8, not JSON, not a JSON
   object, or a known key of the wrong type (``status`` not one of running / ok / failed, ``devices``
   not a list, ``config`` not an object, …);
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from powertrain.core.files import NotRegularFile, file_kind, read_regular_bytes
 from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
 
 RUN_STATUSES = ("running", "ok", "failed")
@@ -91,7 +95,9 @@ def parse_run_json(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     """``run.json`` of a run as a dict, or ``None`` with the problems that make it unreadable."""
     name = "run.json"
     try:
-        raw = path.read_bytes()
+        raw = read_regular_bytes(path, "run.json")  # a FIFO here would hang every reader of the run
+    except NotRegularFile:
+        return None, [Problem(name, _kind_problem(path) or "unreadable (a directory, expected a file)")]
     except OSError as exc:
         return None, [Problem(name, _os_problem(exc))]
     try:
@@ -166,10 +172,25 @@ def _converts(got: pa.DataType, want: pa.DataType) -> bool:
     return bool(got == want)
 
 
+def _kind_problem(path: Path) -> str | None:
+    """Why ``path`` is no regular file — ``a FIFO (named pipe), not a regular file`` — looked at with
+    ``os.stat``, which opens nothing; None for a regular file, or one that cannot be looked at."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing or unreadable: the open that follows names it
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"is {file_kind(mode)}, not a regular file"
+
+
 def parquet_problem(path: Path, want: pa.Schema) -> tuple[str | None, bool]:
     """(problem, opened): why ``path`` is not a readable Parquet file of schema ``want`` (None if fine)."""
     if path.is_dir():
         return "unreadable (a directory, expected a Parquet file)", False
+    kind = _kind_problem(path)
+    if kind:
+        return kind, True  # no torn segment a writer left: damage wherever it is
     try:
         schema = pq.read_schema(path)
     except OSError as exc:
@@ -224,9 +245,11 @@ def validate_run(path: str | os.PathLike[str]) -> list[Problem]:
 
 def _json_object(path: Path, name: str) -> tuple[dict[str, Any] | None, list[Problem]]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(read_regular_bytes(path, name).decode("utf-8"))
     except FileNotFoundError:
         return None, [Problem(name, "missing")]
+    except NotRegularFile:
+        return None, [Problem(name, _kind_problem(path) or "unreadable (a directory, expected a file)")]
     except OSError as exc:
         return None, [Problem(name, _os_problem(exc))]
     except (UnicodeDecodeError, ValueError) as exc:

@@ -8,6 +8,15 @@ The sinks are injected (:class:`SampleSink`): :class:`TelemetryFile` streams the
 Prometheus endpoint when asked. What the sampler found (devices, supported fields, notes, incidents,
 achieved rate) goes to ``<host>.meta.json``.
 
+Timestamps never go backwards: each row keeps the offset its backend stamped it at (``time.time_ns()``
+when the device was read) from the wall clock read at the start of its sample, but that wall clock is
+the sampler's own — ``CLOCK_REALTIME`` read once at its start plus ``CLOCK_MONOTONIC`` elapsed since.
+A step of the system clock (an NTP step, a manual ``date``) therefore moves no row: sorted by time the
+telemetry stays one time line, and energy integrates what was measured (a 3 s step back read a counter
+as 24 × the energy). Each sample whose wall clock reads earlier than the previous sample's is counted
+(``meta.json`` ``clock.steps_back``, ``stepped_back_s``), and ``wall_minus_sampler_ns`` says how far the
+system clock ended from the sampler's (NTP slews both clocks alike, so only steps show there).
+
 The loop stops on :meth:`Sampler.stop` and by itself when the process that started it disappears
 (so an orphaned sampler never runs forever). When a sink cannot write (a full disk, an I/O error) the
 sampler stops sampling with the reason (``stop_reason`` starting with :data:`WRITE_FAILED`) rather than
@@ -21,7 +30,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -37,6 +46,7 @@ from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 log = logging.getLogger(__name__)
 
 WRITE_FAILED = "telemetry write failed"  # how a stop_reason begins when a sink could not write
+STEP_TOLERANCE_NS = 1_000_000  # system and sampler clocks this close: no step, rows keep their stamps
 
 
 class SampleSink(Protocol):
@@ -57,7 +67,8 @@ class TelemetryFile:
     """The run directory's telemetry of one host, ``<run>/telemetry/<host>.parquet`` (crash-safe)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], host: str, flush_s: float = 1.0) -> None:
-        self.writer = StreamingTableWriter(RunDir(run_dir).telemetry_dir / host, TELEMETRY_SCHEMA, flush_s=flush_s)
+        self.writer = StreamingTableWriter(RunDir(run_dir).telemetry_file(host).with_suffix(""), TELEMETRY_SCHEMA,
+                                           flush_s=flush_s)  # telemetry_file: the host is checked as a name
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         self.writer.append(rows)
@@ -88,6 +99,7 @@ class Sampler:
         watch_pid: int | None = None,
         sinks: Sequence[SampleSink] | None = None,
         meta: Mapping[str, Any] | None = None,
+        clocks: tuple[Callable[[], int], Callable[[], int]] = (time.time_ns, time.monotonic_ns),
     ) -> None:
         check_rate_hz(rate_hz)
         self.rundir = RunDir(run_dir).create()
@@ -108,6 +120,14 @@ class Sampler:
         self.t_last_ns: int | None = None
         self.write_error: OSError | None = None
         self._t_flushed_ns: int | None = None  # the last sample known to be on disk
+        # (wall, monotonic) clock functions, ns: injected by tests; rows are stamped on the wall clock
+        # read once here plus monotonic time since (module doc)
+        self._wall_ns, self._mono_ns = clocks
+        self._anchor = (self._wall_ns(), self._mono_ns())
+        self._last_wall: int | None = None
+        self.steps_back = 0
+        self.stepped_back_ns = 0
+        self.wall_offset_ns = 0  # system wall clock minus the sampler's, at the last sample
 
     def stop(self, reason: str = "stopped") -> None:
         self.stop_reason = reason
@@ -133,21 +153,46 @@ class Sampler:
             "missed_ticks": self.missed,
             "t_first_ns": self.t_first_ns,
             "t_last_ns": self.t_last_ns,
-            "clock": clock_info(),
+            "clock": {**clock_info(), "timestamps": "CLOCK_REALTIME at the sampler's start + CLOCK_MONOTONIC since",
+                      "steps_back": self.steps_back, "stepped_back_s": self.stepped_back_ns / 1e9,
+                      "wall_minus_sampler_ns": self.wall_offset_ns},
             "incidents": [i.to_dict() for b in self.backends for i in b.incidents],
             "finished": final,
             "stop_reason": self.stop_reason if final else None,
             **self.extra_meta,
         }
 
+    def _sampler_now(self) -> tuple[int, int]:
+        """(the system wall clock, the sampler's own: its start's wall clock + monotonic time since) now;
+        counts a step back of the system clock since the previous sample."""
+        wall, mono = self._wall_ns(), self._mono_ns()
+        own = self._anchor[0] + (mono - self._anchor[1])
+        if self._last_wall is not None and wall < self._last_wall:
+            self.steps_back += 1
+            self.stepped_back_ns += self._last_wall - wall
+            log.warning("the system clock stepped back %.3f s; telemetry stays on the sampler's own clock "
+                        "(start + monotonic time)", (self._last_wall - wall) / 1e9)
+        self._last_wall = wall
+        self.wall_offset_ns = wall - own
+        return wall, own
+
     def _sample_once(self) -> None:
         rows: list[dict[str, Any]] = []
+        wall, own = self._sampler_now()
         for backend in self.backends:
             try:
                 rows.extend(backend.sample(self.host))
             except Exception as exc:  # a backend bug must not end the measurement of the others
                 backend.incident("*", f"{backend.name} sample failed: {exc!r}")
                 log.warning("%s backend failed to sample: %r", backend.name, exc)
+        # the backends stamp on the system clock: move each row onto the sampler's own. Under 1 ms the two
+        # differ only by the time between reading them (no step happened): the rows keep their stamps,
+        # which are then the ranks' clock exactly (a sample period is far longer, so nothing reorders)
+        shift = own - wall
+        if abs(shift) >= STEP_TOLERANCE_NS:
+            for r in rows:
+                if r.get("t_ns") is not None:
+                    r["t_ns"] = int(r["t_ns"]) + shift
         if rows:
             t = rows[0]["t_ns"]
             self.t_first_ns = self.t_first_ns or t

@@ -15,6 +15,10 @@ Open the file in https://ui.perfetto.dev (or ``chrome://tracing``). Layout:
 * every timestamp is microseconds since the run's first telemetry sample or event (``t0_ns`` in
   ``metadata``), from the one host clock both the sampler and the ranks stamp with.
 
+The ranks' events are read where they lie (:class:`powertrain.analyze.events.RunEvents`), one rank at
+a time in chunks of start time, and written as they are read: a day of steps on 8 ranks (1.38M
+events) needs the memory of an hour's.
+
 Long runs are bucketed to at most ``max_points`` samples per counter track (bucket means, computed by
 DuckDB from the Parquet files), so a trace of a long, wide run stays loadable.
 """
@@ -32,9 +36,10 @@ import duckdb
 import numpy as np
 
 from powertrain.analyze import telemetry as tel
-from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS
+from powertrain.analyze.events import RunEvents
+from powertrain.schema import COUNTER_FIELDS, EVENTS_SCHEMA, TELEMETRY_FIELDS
+from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import RunDir, file_mode
-from powertrain.store.tables import read_events
 from powertrain.store.targets import check_output_file
 from powertrain.store.validate import check_run
 
@@ -56,23 +61,23 @@ def trace_events(run_dir: str | Path, max_points: int = 20_000) -> Iterator[dict
     """The trace's events, in order: metadata, counters per host/device/field, slices per rank."""
     run = RunDir(run_dir)
     info = run.read()
-    events = read_events(run.path)
-    con = duckdb.connect()
-    try:
-        n = tel.open_telemetry(con, run.path)
-        sp = tel.span(con) if n else None
-        starts = [v for v in (sp[0] if sp else None,
-                              min(events["t_start_ns"].to_pylist()) if events.num_rows else None) if v is not None]
-        t0 = min(starts) if starts else int(info.get("start_ns") or 0)
-        yield {"ph": "M", "name": "powertrain", "pid": 0, "tid": 0,
-               "args": {"run": info.get("name") or run.path.name, "t0_ns": t0, "status": info.get("status")}}
-        if sp is not None:
-            yield from _counters(con, t0, sp, max_points)
-    finally:
-        tel.release(con)
-        con.close()
-    if events.num_rows:
-        yield from _slices(events, t0)
+    with RunEvents.open(run.path) as events:
+        con = duckdb.connect()
+        try:
+            n = tel.open_telemetry(con, run.path)
+            sp = tel.span(con) if n else None
+            first_event = events.one("SELECT min(t_start_ns) FROM ev")[0] if events.num_rows else None
+            starts = [v for v in (sp[0] if sp else None, first_event) if v is not None]
+            t0 = min(starts) if starts else int(info.get("start_ns") or 0)
+            yield {"ph": "M", "name": "powertrain", "pid": 0, "tid": 0,
+                   "args": {"run": info.get("name") or run.path.name, "t0_ns": t0, "status": info.get("status")}}
+            if sp is not None:
+                yield from _counters(con, t0, sp, max_points)
+        finally:
+            tel.release(con)
+            con.close()
+        if events.num_rows:
+            yield from _slices(events, t0)
 
 
 def _counters(con: duckdb.DuckDBPyConnection, t0: int, sp: tuple[int, int], max_points: int
@@ -126,11 +131,14 @@ def _counters(con: duckdb.DuckDBPyConnection, t0: int, sp: tuple[int, int], max_
                 yield {"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": round(a, 3), "args": {f: v}}
 
 
-def _slices(events: Any, t0: int) -> Iterator[dict[str, Any]]:
-    ranks = sorted(set(events["rank"].to_pylist()))
+_COLUMNS = EVENTS_SCHEMA.names
+_SELECT = ", ".join(f'"{c}"' for c in _COLUMNS)
+
+
+def _slices(events: RunEvents, t0: int) -> Iterator[dict[str, Any]]:
+    ranks = events.ranks()
     yield from _meta(RANKS_PID, "ranks", sort=0)
-    kinds = events["kind"].to_pylist()
-    has_comm = {r for r, k in zip(events["rank"].to_pylist(), kinds, strict=True) if k == "comm"}
+    has_comm = set(events.ranks("kind = 'comm'"))
     for r in ranks:
         yield {"ph": "M", "name": "thread_name", "pid": RANKS_PID, "tid": r, "args": {"name": f"rank {r}"}}
         yield {"ph": "M", "name": "thread_sort_index", "pid": RANKS_PID, "tid": r, "args": {"sort_index": 2 * r}}
@@ -139,22 +147,28 @@ def _slices(events: Any, t0: int) -> Iterator[dict[str, Any]]:
                    "args": {"name": f"rank {r} comm"}}
             yield {"ph": "M", "name": "thread_sort_index", "pid": RANKS_PID, "tid": COMM_TID_OFFSET + r,
                    "args": {"sort_index": 2 * r + 1}}
-    # Enclosing slices first at equal start times, so viewers nest phases inside steps.
-    rows = events.to_pylist()
-    rows.sort(key=lambda e: (e["rank"], e["t_start_ns"], -(e["t_end_ns"] - e["t_start_ns"])))
-    for e in rows:
-        name = f"step {e['step']}" if e["kind"] == "step" else (e["name"] or e["kind"])
-        args = {k: e[k] for k in ("step", "window", "microbatch", "tokens", "samples", "loss", "mem_peak_bytes")
-                if e.get(k) is not None}
-        if e.get("attrs"):
-            try:
-                args["attrs"] = json.loads(e["attrs"])
-            except ValueError:
-                args["attrs"] = e["attrs"]
-        tid = COMM_TID_OFFSET + e["rank"] if e["kind"] == "comm" else e["rank"]
-        yield {"ph": "X", "name": name, "cat": e["kind"], "pid": RANKS_PID, "tid": tid,
-               "ts": round((e["t_start_ns"] - t0) / 1e3, 3), "dur": round((e["t_end_ns"] - e["t_start_ns"]) / 1e3, 3),
-               "args": args}
+    # By rank, then start time; enclosing slices first at equal start times, so viewers nest phases
+    # inside steps. One rank's chunk of start time at a time, written as it is read.
+    for r in ranks:
+        for rows in events.rank_chunks(r, "TRUE", _SELECT, "t_end_ns DESC"):
+            for row in rows:
+                yield _slice(dict(zip(_COLUMNS, row, strict=True)), t0)
+
+
+def _slice(e: dict[str, Any], t0: int) -> dict[str, Any]:
+    """One event as a complete slice (``"ph": "X"``) on its rank's thread (communication: the rank's second)."""
+    name = f"step {e['step']}" if e["kind"] == "step" else (e["name"] or e["kind"])
+    args = {k: e[k] for k in ("step", "window", "microbatch", "tokens", "samples", "loss", "mem_peak_bytes")
+            if e.get(k) is not None}
+    if e.get("attrs"):
+        try:
+            args["attrs"] = json.loads(e["attrs"])
+        except ValueError:
+            args["attrs"] = e["attrs"]
+    tid = COMM_TID_OFFSET + e["rank"] if e["kind"] == "comm" else e["rank"]
+    return {"ph": "X", "name": name, "cat": e["kind"], "pid": RANKS_PID, "tid": tid,
+            "ts": round((e["t_start_ns"] - t0) / 1e3, 3), "dur": round((e["t_end_ns"] - e["t_start_ns"]) / 1e3, 3),
+            "args": args}
 
 
 _HEADER = '{"displayTimeUnit": "ms", "otherData": {"generator": "powertrain trace"}, "traceEvents": [\n'
@@ -182,6 +196,7 @@ def export_trace(run_dir: str | Path, out: str | Path, max_points: int = 20_000,
     check_run(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
+    remove_stale(out.parent, [f".{out.name}.*.tmp"])  # what a killed trace left
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, file_mode())

@@ -18,19 +18,18 @@ own runs); else, with a note saying so, the whole telemetry span.
 
 from __future__ import annotations
 
+import datetime as _dt
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from powertrain.analyze import steps, telemetry
-from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S
+from powertrain.analyze.events import RunEvents
+from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, Intervals
 from powertrain.store.rundir import RunDir
-from powertrain.store.tables import read_events
 
 DeviceKey = tuple[str | None, str | None]
 # How long a window edge may be held at the nearest reading (core.energy's default, stated here once).
@@ -55,7 +54,7 @@ class RunContext:
 
     run: RunDir
     info: dict[str, Any]
-    events: pa.Table
+    events: RunEvents  # queried where they lie (analyze.events): a long run's events are never one table
     sd: steps.StepData | None
     con: duckdb.DuckDBPyConnection
     w0: int
@@ -88,9 +87,25 @@ class RunContext:
 
     @property
     def tokens(self) -> float | None:
-        """Tokens of all measured steps; None when any step's count is unknown."""
+        """Tokens of all measured steps; None when any step's count is unknown or negative (a count
+        below zero is not a count: summed, it gave negative joules per token)."""
         sd = self.sd
-        return float(np.sum(sd.tokens)) if sd is not None and not np.isnan(sd.tokens).any() else None
+        if sd is None or np.isnan(sd.tokens).any() or (sd.tokens < 0).any():
+            return None
+        return float(np.sum(sd.tokens))
+
+    @property
+    def missing_why(self) -> str | None:
+        """Why the job-level energy is unknown because the data lacks devices or nodes the job had (a
+        rank's device without telemetry, an MLPerf node without a power log); None when none is missing."""
+        sel = self.selection.get("missing") or []
+        imp = (self.info.get("data_quality") or {}).get("missing_devices") or {}
+        parts = []
+        if imp.get("names") or imp.get("missing"):
+            parts.append(str(imp.get("why") or f"missing: {', '.join(map(str, imp.get('names') or []))}"))
+        if sel:
+            parts.append(f"{', '.join(sel)}: a rank ran there but it has no telemetry in the window")
+        return "; ".join(parts) or None
 
     @property
     def rank_dev(self) -> dict[int, DeviceKey]:
@@ -119,6 +134,7 @@ class RunContext:
     def close(self) -> None:
         telemetry.release(self.con)
         self.con.close()
+        self.events.close()
 
 
 def declared_window(info: dict[str, Any]) -> tuple[int, int, str] | None:
@@ -185,7 +201,7 @@ def _device_kind(info: dict[str, Any]) -> dict[DeviceKey, dict[str, Any]]:
 def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     """Read a run's events and find its measured steps and window; open its telemetry in DuckDB and
     compute the per-device statistics in the window."""
-    events = read_events(run.path)
+    events = RunEvents.open(run.path)
     sd = steps.measured_steps(events, info.get("rank_map") or [], info.get("warmup_steps"))
     notes: list[str] = []
     con = duckdb.connect()
@@ -198,8 +214,18 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     visible = visible_by_node(info)
     dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S,
                                         spectra=lambda stats: _spectrum_devices(stats, kinds, info.get("rank_map") or [],
-                                                                                visible))
+                                                                                visible),
+                                        relived=imported_relived(info))
                  if n_rows and w1 > w0 else [])
+    _add_imported_steps_back(dev_stats, info)
+    notes += quality_notes(dev_stats)
+    missing = (info.get("data_quality") or {}).get("missing_devices") or {}
+    if missing.get("why"):
+        notes.append(f"{missing['why']}: the run's energy, the cluster's power and energy per token are null; "
+                     "per-device figures cover what was measured (data_quality.missing_devices)")
+    if sd is not None and (sd.tokens < 0).any():
+        notes.append(f"{int((sd.tokens < 0).sum())} measured step(s) have a negative token count: per-token "
+                     "metrics are null (a count below zero is not a count)")
     for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
         e = s.get("energy_integral")
         if e is not None:
@@ -208,13 +234,86 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
                      dev_stats=dev_stats, kinds=kinds, counted=[], accel=False,
                      no_tel="no telemetry in the measured window" if not dev_stats else None, notes=notes,
                      visible=visible)
-    ranks_seen = 0 if info.get("kind") == "import" else int(pc.count_distinct(events["rank"]).as_py() or 0)
+    ranks_seen = 0 if info.get("kind") == "import" else events.ranks_seen()
     ctx.counted, ctx.accel, ctx.selection = select_devices(dev_stats, kinds, ctx.rank_map, ranks_seen, visible)
     if ctx.selection.get("note"):
         notes.append(ctx.selection["note"])
     if dev_stats and not ctx.counted:
         ctx.no_tel = "no telemetry of the devices the run's ranks ran on in the measured window"
     return ctx
+
+
+def imported_relived(info: dict[str, Any]) -> dict[tuple[str, str], Intervals]:
+    """Clock intervals an importer found re-lived after steps back (``run.json`` ``data_quality.devices[]
+    .relived_ns``, ``[[start, end], ...]``): an import's rows are sorted, so the analysis cannot see them."""
+    out: dict[tuple[str, str], Intervals] = {}
+    for d in (info.get("data_quality") or {}).get("devices") or []:
+        iv = d.get("relived_ns") if isinstance(d, dict) else None
+        if isinstance(iv, list) and iv and all(isinstance(x, list) and len(x) == 2 for x in iv):
+            arr = np.asarray(iv, dtype=np.int64)
+            out[(str(d.get("host")), str(d.get("device")))] = (arr[:, 0], arr[:, 1])
+    return out
+
+
+def _add_imported_steps_back(dev_stats: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    """An import's steps back (its rows are sorted, so the written order the analysis sees has none)
+    go into each device's ``written`` record, for ``data_quality`` and the notes."""
+    entries = {(d.get("host"), d.get("device")): d for d in (info.get("data_quality") or {}).get("devices") or []
+               if isinstance(d, dict) and d.get("clock_steps_back")}
+    for s in dev_stats:
+        e, w = entries.get((s["host"], s["device"])), s.get("written")
+        if e is None or w is None or w.steps_back:
+            continue
+        w.steps_back = int(e["clock_steps_back"])
+        w.stepped_back_s = float(e.get("clock_stepped_back_s") or 0.0)
+        iv = e.get("relived_ns") or []
+        w.first_step = (int(iv[0][1]), int(iv[0][0])) if iv else None
+
+
+def _utc(t_ns: int) -> str:
+    return _dt.datetime.fromtimestamp(t_ns / 1e9, _dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def quality_notes(dev_stats: list[dict[str, Any]]) -> list[str]:
+    """One note each for steps back of a clock, gaps energy does not bridge and implausible readings
+    kept out, naming the devices (the counts per device are in ``data_quality``)."""
+    notes = []
+    back = [s for s in dev_stats if s.get("written") is not None and s["written"].steps_back]
+    if back:
+        first = back[0]["written"]
+        t_from, t_to = first.first_step or (0, 0)
+        notes.append(
+            f"the clock went backwards on {_names(back)}: {sum(s['written'].steps_back for s in back)} step(s), "
+            f"{sum(s['written'].stepped_back_s for s in back):.1f} s in all (first on {back[0]['host']}/"
+            f"{back[0]['device']}: from {_utc(t_from)} to {_utc(t_to)}); energy over a window a step back "
+            "falls in is null (data_quality.time)")
+    gaps = [(s, e) for s in dev_stats if (e := s.get("energy_integral")) is not None and e.long_gaps]
+    if gaps:
+        notes.append(
+            f"power readings have gaps longer than energy bridges on {_names([s for s, _ in gaps])}: "
+            f"{sum(e.long_gaps for _, e in gaps)} gap(s), {sum(e.long_gap_s for _, e in gaps):.1f} s of the "
+            f"window in all (limit {max(e.gap_limit_s or 0 for _, e in gaps):.3g} s); the energy integral over "
+            "the window is null where one falls (data_quality.time)")
+    bridged = [(s, e) for s in dev_stats if (e := s.get("energy_integral")) is not None and e.bridged_gaps]
+    if bridged:
+        notes.append(
+            f"energy bridges gaps in the power readings longer than 5 sampling intervals on "
+            f"{_names([s for s, _ in bridged])}: {sum(e.bridged_gaps for _, e in bridged)} gap(s), the longest "
+            f"{max(e.bridged_gap_max_s for _, e in bridged):.1f} s, "
+            + ", ".join(f"{e.bridged_gap_s:.1f} s ({e.bridged_gap_s / e.window_s * 100:.1f} % of the window) on "
+                        f"{s['host']}/{s['device']}" for s, e in bridged[:4] if e.window_s > 0)
+            + (" …" if len(bridged) > 4 else "") + ": linear power across them (data_quality.time)")
+    bad: dict[str, dict[str, int]] = {}
+    for s in dev_stats:
+        for f, kinds in (s.get("implausible") or {}).items():
+            for k, n in kinds.items():
+                bad.setdefault(f, {})[k] = bad.setdefault(f, {}).get(k, 0) + n
+    for f, kinds in sorted(bad.items()):
+        devs = [s for s in dev_stats if f in (s.get("implausible") or {})]
+        what = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in sorted(kinds.items()))
+        notes.append(f"{f}: {sum(kinds.values())} implausible reading(s) in the window ({what}) on "
+                     f"{_names(devs)} kept out of every metric (data_quality.implausible)")
+    return notes
 
 
 # A device name that ends in its index: cuda:1, hip:0, xpu:2 (torch's), gpu3 (the samplers' and importers').
@@ -363,7 +462,7 @@ def select_devices(stats: list[dict[str, Any]], kinds: dict[DeviceKey, dict[str,
                      "per-token metrics (per_device lists them)")
     if missing:
         parts.append(f"{', '.join(missing)}: a rank ran there but it has no telemetry in the window, so the run-level "
-                     "energy and power leave it out")
+                     "energy is unknown and power covers the other devices (per_device has each one's own)")
     return counted, bool(want), {"rule": "the devices of the run's ranks (rank_map)",
                                  "not_counted": [f"{s['device']} ({s['host']})" for s in not_counted],
                                  "missing": missing, "note": "; ".join(parts) or None}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from powertrain.analyze.events import RunEvents
 from powertrain.analyze.families.context import Family, RunContext
 
 
@@ -13,11 +16,10 @@ def memory_family(ctx: RunContext) -> Family:
     with host CPU utilisation, counted or not)."""
     fam = Family()
     m, why = fam.metrics, fam.why_null
-    events = ctx.events
-    mem_ev = [v for v in events["mem_peak_bytes"].to_pylist() if v is not None] if events.num_rows else []
+    mem_ev = event_mem_peak(ctx.events)
     mem_tel = [s["mem_used_bytes_max"] for s in ctx.counted if s.get("mem_used_bytes_max") is not None]
-    if mem_ev:
-        m["mem_per_device_bytes"] = int(max(mem_ev))
+    if mem_ev is not None:
+        m["mem_per_device_bytes"] = mem_ev
     elif mem_tel:
         m["mem_per_device_bytes"] = int(max(mem_tel))
     else:
@@ -33,3 +35,11 @@ def memory_family(ctx: RunContext) -> Family:
     else:
         why["cpu_util_mean_pct"] = ctx.no_tel or "no host CPU utilisation field"
     return fam
+
+
+def event_mem_peak(events: RunEvents | pa.Table) -> int | None:
+    """The largest ``mem_peak_bytes`` of the run's events (a query where they lie), None when none has one."""
+    if isinstance(events, RunEvents):
+        return events.mem_peak_max()
+    v = pc.max(events["mem_peak_bytes"]).as_py() if events.num_rows else None
+    return None if v is None else int(v)

@@ -4,9 +4,13 @@ per-step power and energy; the run's energy (counter or integral) and energy per
 Every energy here is :mod:`powertrain.core.energy`'s, computed per device over the run's window by
 :func:`powertrain.analyze.telemetry.device_stats`: a device's energy is its hardware counter's where
 it has one, else its power integral; the run's energy is their sum, and null — naming the device —
-when any counted device's is null (an edge gap beyond the hold limit, no readings), never an
-under-count. Mean power over the window is energy / window seconds. Sums over devices run in the
-devices' sorted order, so the same run gives the same figures to the last digit."""
+when any counted device's is null (an edge gap beyond the hold limit, a gap inside beyond the gap
+limit, a step back of the clock, no readings), never an under-count. The run's energy, the cluster's
+power and energy per token and sample are null too when the data lacks a device or node the job had
+(``RunContext.missing_why``: a rank's device without telemetry, an MLPerf node without a power log):
+the measured devices' sum would be a part taken for the whole; per-device figures (mean power, each
+device's energy) cover what was measured. Mean power over the window is energy / window seconds. Sums
+over devices run in the devices' sorted order, so the same run gives the same figures to the last digit."""
 
 from __future__ import annotations
 
@@ -138,7 +142,8 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
     bucket_ns = max(int(period * 1e9), 1)
     n_full = len(pw)
     energy, why = _total(ctx.counted, lambda s: s.get("energy_integral"), "power readings")
-    if energy is not None and ctx.window_s > 0:
+    why = why or ctx.missing_why
+    if energy is not None and ctx.window_s > 0 and why is None:
         fam.metrics["cluster_power_mean_w"] = energy / ctx.window_s
     else:
         fam.why_null["cluster_power_mean_w"] = f"the cluster's energy over the window is unknown: {why}"
@@ -153,10 +158,11 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
         if tot.size:
             peak = float(np.max(tot)) if peak is None else max(peak, float(np.max(tot)))
         osc_stream.add(series["t_ns"].to_numpy(), series["mean"].to_numpy())
-    if peak is not None:
+    if peak is not None and ctx.missing_why is None:
         fam.metrics["cluster_power_peak_w"] = peak
     else:
-        fam.why_null["cluster_power_peak_w"] = "no sample period where every device reported"
+        fam.why_null["cluster_power_peak_w"] = (f"the cluster lacks devices the job had: {ctx.missing_why}"
+                                                if ctx.missing_why else "no sample period where every device reported")
     osc = osc_stream.result()
     if osc:
         fam.metrics["power_osc_freq_hz"], fam.metrics["power_osc_amp_w"] = osc
@@ -172,30 +178,36 @@ def _per_step(ctx: RunContext, sd: steps.StepData, fam: PowerFamily) -> None:
     mean power (that energy / the step's seconds / devices). Null for every step when any counted
     device's energy is unknown (``per_step_why``)."""
     per_dev = []
+    whys = []
     for s in ctx.counted:
         e = s.get("step_energy_j")
         if e is None:
             fam.per_step_why = f"{device_name(s)}: no power readings"
             return
-        if s.get("step_energy_why"):
-            fam.per_step_why = f"{device_name(s)}: {s['step_energy_why']}"
-            return
+        if s.get("step_energy_why"):  # all its steps (an edge refused) or some (a gap, a step back)
+            whys.append(f"{device_name(s)}: {s['step_energy_why']}")
         per_dev.append(np.asarray(e, dtype=np.float64))
     if not per_dev:
         return
+    if ctx.missing_why:
+        fam.per_step_why = f"the steps' energy lacks devices the job had: {ctx.missing_why}"
+        return
+    if whys:
+        fam.per_step_why = "; ".join(whys)
     total = np.zeros(sd.n)
     for e in per_dev:  # in the devices' sorted order: the same sum on every analysis
         total += e
     inside = (sd.t_start_ns >= ctx.w0) & (sd.t_end_ns <= ctx.w1)
     for j in range(sd.n):
-        if not inside[j]:
+        if not inside[j] or not np.isfinite(total[j]):  # NaN: a device's energy in the step is unknown
             continue
         fam.per_step_energy_j[j] = float(total[j])
         dur_s = (int(sd.t_end_ns[j]) - int(sd.t_start_ns[j])) / 1e9
         if dur_s > 0:
             fam.per_step_power_w[j] = float(total[j]) / dur_s / len(per_dev)
     if not inside.all():
-        fam.per_step_why = "steps outside the run's window have no energy here (the run's window is its own)"
+        outside = "steps outside the run's window have no energy here (the run's window is its own)"
+        fam.per_step_why = f"{fam.per_step_why}; {outside}" if fam.per_step_why else outside
 
 
 def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
@@ -220,6 +232,14 @@ def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
             if with_ctr else "no hardware energy counter on these devices")
     _disagreement(counted, fam)
     m["energy_j"], w_e = _total(counted, device_energy, "energy counter or power readings")
+    if ctx.missing_why and m["energy_j"] is not None:
+        w_e = (f"the data lacks devices the job had ({ctx.missing_why}): the run's energy is unknown; the "
+               f"{len(counted)} measured device(s) add up to {m['energy_j']:.6g} J (per_device, per_node)")
+        m["energy_j"] = None
+        for k in ("energy_integral_j", "energy_counter_j"):
+            if m.get(k) is not None:
+                m[k] = None
+                why[k] = w_e
     if w_e or not counted:
         why["energy_j"] = ctx.no_tel or w_e or "no counted device"
     else:
@@ -232,6 +252,8 @@ def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
         fam.notes.append(f"energy holds the nearest reading at the window's edges on {len(held)} device(s), "
                          f"at most {most:.2f} s ({name}); data_quality.devices[].edge_held_s per device")
     _per_work(ctx.tokens, step, fam)
+    if ctx.tokens is None and ctx.sd is not None and (ctx.sd.tokens < 0).any():
+        why["j_per_token"] = why["tokens_per_j"] = "a measured step has a negative token count"
     return fam
 
 
