@@ -43,7 +43,9 @@ KINDS = ("silent-wrong", "hang", "data lost", "code ran", "message")
 
 
 def load_table() -> ModuleType:
-    """The test module, loaded by path (tests/ is no package)."""
+    """The test module, loaded by path (tests/ is no package; its helper modules are imported by name)."""
+    if str(TABLE.parent) not in sys.path:
+        sys.path.insert(0, str(TABLE.parent))
     spec = importlib.util.spec_from_file_location("hostile_inputs_table", TABLE)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {TABLE}")
