@@ -4,6 +4,7 @@ nvidia-ml-py on this GPU-less machine."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import threading
 import time
@@ -14,20 +15,29 @@ import pytest
 from powertrain.core.throttle import throttle_from_nvml
 from powertrain.schema import TELEMETRY_FIELDS, Throttle
 from powertrain.store import read_telemetry
+from powertrain.telemetry import sensor_facts
 from powertrain.telemetry.backend import BackendUnavailable
 from powertrain.telemetry.discover import open_backends
 from powertrain.telemetry.nvidia import NvidiaBackend
 from powertrain.telemetry.sampler import Sampler
 from standins import fake_nvml
-from standins.fake_nvml import FakeGpu, FakeNvml
+from standins.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerSensor, training_swing
+from standins.nvml_state import PersistentNvml, read_state, write_state
 
 MEASURED = [f for f in TELEMETRY_FIELDS if f not in ("cpu_util_pct", "cgroup_cpu_s", "cgroup_mem_bytes",
                                                     "load_1m", "energy_dram_j", "temp_hotspot_c")]
 
 
 def _backend(*gpus: FakeGpu) -> tuple[NvidiaBackend, FakeNvml]:
+    """Scripted GPUs whose values change only when a test changes them: no update-period probe (it
+    would poll them for its whole 0.5 s of real time and find nothing)."""
     nvml = FakeNvml(list(gpus) or [FakeGpu()])
-    return NvidiaBackend(nvml=nvml), nvml
+    return NvidiaBackend(nvml=nvml, probe_s=0), nvml
+
+
+def _sensing(clock: FakeClock, *gpus: FakeGpu, **kw) -> NvidiaBackend:
+    """A backend over stand-in GPUs with known-truth sensors, on the fake clock (the probe sleeps on it)."""
+    return NvidiaBackend(nvml=FakeNvml(list(gpus)), clock_ns=clock.time_ns, sleep=clock.sleep, **kw)
 
 
 def test_standin_mirrors_the_real_pynvml():
@@ -44,6 +54,12 @@ def test_standin_mirrors_the_real_pynvml():
         fake = inspect.signature(getattr(FakeNvml, name))
         # Same positional parameters (the stand-in's methods have `self` first).
         assert len(list(fake.parameters)[1:]) == len(real.parameters), name
+    assert "nvmlDeviceGetSamples" in functions and fake_nvml.CONSTANTS["NVML_TOTAL_POWER_SAMPLES"] == 0
+    # the shapes nvmlDeviceGetSamples returns: c_nvmlSample_t and its c_nvmlValue_t union, member for member
+    sample = fake_nvml._Sample(1, "uiVal", 2)
+    assert [f[0] for f in pynvml.c_nvmlSample_t._fields_] == [k for k in vars(sample) if not k.startswith("_")]
+    assert [f[0] for f in pynvml.c_nvmlValue_t._fields_] == list(fake_nvml._Union.MEMBERS)
+    assert all(hasattr(sample.sampleValue, m) for m in fake_nvml._Union.MEMBERS) and sample.sampleValue.uiVal == 2
 
 
 def test_fields_are_mapped_with_their_units():
@@ -120,7 +136,8 @@ def test_unsupported_fields_are_null_not_zero_and_not_listed():
                   nvlink_tx_kib=[], nvlink_rx_kib=[])  # no NVLink on this GPU
     backend, nvml = _backend(gpu)
     (info,) = backend.devices()
-    gone = {"temp_mem_c", "power_w", "fan_pct", "pcie_tx_bytes", "pcie_rx_bytes", "link_tx_bytes", "link_rx_bytes"}
+    gone = {"temp_mem_c", "power_w", "power_repeat", "fan_pct", "pcie_tx_bytes", "pcie_rx_bytes", "link_tx_bytes",
+            "link_rx_bytes"}
     assert gone.isdisjoint(info.supported)
     assert "nvlink_links" not in info.properties
     assert backend.notes == []  # not offered is not an error: nothing to report
@@ -316,7 +333,7 @@ def test_gpu_check_analysis_on_a_scripted_burn(tmp_path):
     from powertrain.launch.gpu_check import Phases, evaluate
 
     nvml = _BurningNvml()
-    backend = NvidiaBackend(nvml=nvml)
+    backend = NvidiaBackend(nvml=nvml, probe_s=0)  # the script counts reads: a probe's would use it up
     t_start = time.time_ns()
     sampler = Sampler(tmp_path / "run", backends=[backend], host="h", rate_hz=50, flush_s=0.2)
     thread = threading.Thread(target=sampler.run)
@@ -345,3 +362,179 @@ def test_gpu_check_analysis_on_a_scripted_burn(tmp_path):
     assert not flat.passed and flat.values["burn_median_w"] == 95.0
     assert not check([dict(r, throttle=None) for r in rows], "throttle reasons read").passed
     assert not check([dict(r, temp_c=35.0) for r in rows], "temp_c moves").passed
+
+
+# -- what each field is: the probe, the published windows, power_repeat, the driver's buffer ------------
+def test_the_probe_measures_each_power_readings_update_period_on_the_fake_clock():
+    clock = FakeClock()
+    t0 = clock.time_ns()
+    backend = _sensing(clock, FakeGpu(sensor=clock.sensor(training_swing(), phase_s=0.03)))
+    assert clock.time_ns() - t0 <= 0.5e9 + 5e6  # bounded by probe_s (fake time: nothing waited)
+    s = backend.devices()[0].properties["sensors"]
+    assert (s["power_w"]["update_period_s"], s["power_w"]["period_from"]) == (0.1, "probe")
+    assert (s["power_avg_w"]["update_period_s"], s["power_avg_w"]["source"]) == (0.1, "average")
+    assert (s["power_avg_w"]["averaging_window_s"], s["power_avg_w"]["window_source"]) == (1.0, "nvml-api")
+    # the counter changes at every 5 ms poll: its period is at most that
+    assert (s["energy_j"]["period_from"], s["energy_j"]["update_period_s"]) == ("probe_limit", 0.005)
+    assert s["power_samples"] == {
+        "source": "driver_buffer", "nvml": "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)", "update_period_s": 0.1,
+        "period_from": "buffer_timestamps", "averaging_window_s": None, "published_update_period_s": None,
+        "window_source": None, "note": None, "path": "buffer"}
+
+
+def test_a_scripted_gpu_that_never_changes_has_no_period_and_equal_values_are_unknown():
+    backend = NvidiaBackend(nvml=FakeNvml([FakeGpu()]), probe_s=0.02)  # 20 ms of real time, bounded
+    s = backend.devices()[0].properties["sensors"]["power_w"]
+    assert (s["update_period_s"], s["period_from"], s["source"], s["nvml"]) == (
+        None, None, "instant", "NVML_FI_DEV_POWER_INSTANT")
+    nvml = backend._nvml
+    first, same = backend.sample("h")[0], backend.sample("h")[0]
+    nvml.gpus[0].power_mw = 250_000
+    changed = backend.sample("h")[0]
+    assert [r["power_repeat"] for r in (first, same, changed)] == [False, None, False]
+
+
+def test_power_repeat_follows_the_probed_period():
+    clock = FakeClock()
+    gpu = FakeGpu(sensor=clock.sensor(lambda t: 400.0, noise_w=0.0))  # flat and exact: every reading equal
+    backend = _sensing(clock, gpu)
+    # a flat truth never changes value: the probe finds no period, so an equal value is unknown
+    assert backend.devices()[0].properties["sensors"]["power_w"]["update_period_s"] is None
+    backend._gpus[0].power_period_ns = 100_000_000  # as a probe of a noisy real sensor would have found
+    marks = []
+    for _ in range(6):
+        marks.append(backend.sample("h")[0]["power_repeat"])
+        clock.advance(0.04)
+    # fresh at 0, repeat at 40 and 80 ms, fresh at 120 ms (a full period after it was first seen), ...
+    assert marks == [False, True, True, False, True, True]
+    gpu.lost = True
+    assert backend.sample("h")[0]["power_repeat"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "cc", "nvml", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "9.0", "NVML_FI_DEV_POWER_INSTANT", ("instant", 0.025, 0.1, "yang-sc24")),
+        ("NVIDIA H100 80GB HBM3", "9.0", "nvmlDeviceGetPowerUsage", ("average", 1.0, None, "yang-sc24")),
+        ("NVIDIA A100-SXM4-80GB", "8.0", "nvmlDeviceGetPowerUsage", ("instant", 0.025, 0.1, "yang-sc24")),
+        ("NVIDIA A100-SXM4-80GB", "8.0", "NVML_FI_DEV_POWER_AVERAGE", ("average", None, None, None)),
+        ("Tesla V100-SXM2-32GB", "7.0", "NVML_FI_DEV_POWER_INSTANT", ("instant", 0.010, 0.020, "yang-sc24")),
+        ("NVIDIA H200", "9.0", "NVML_FI_DEV_POWER_INSTANT", ("instant", None, None, None)),  # not measured
+        ("NVIDIA H200", "9.0", "NVML_FI_DEV_POWER_AVERAGE", ("average", 1.0, None, "nvml-api")),
+        ("NVIDIA L40S", None, "nvmlDeviceGetPowerUsage", ("unknown", None, None, None)),
+        ("NVIDIA H200", "9.0", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", ("energy_counter", None, None, None)),
+    ],
+)
+def test_published_windows_only_where_a_source_states_them(name, cc, nvml, expected):
+    e = sensor_facts.describe(nvml, name, cc, path="polled", update_period_s=None, period_from=None)
+    assert (e["source"], e["averaging_window_s"], e["published_update_period_s"], e["window_source"]) == expected
+    assert e["window_source"] is None or e["window_source"] in sensor_facts.CITATIONS
+
+
+def test_a100_pcie_carries_the_published_steady_state_bias():
+    e = sensor_facts.describe("NVML_FI_DEV_POWER_INSTANT", "NVIDIA A100-PCIE-40GB", "8.0", path="polled",
+                              update_period_s=0.1, period_from="probe")
+    assert e["note"] == "A100-PCIe reads ~5.5 % low at steady state [yang-sc24]"
+
+
+def test_the_fallback_reads_say_which_nvml_call_they_are():
+    clock = FakeClock()
+    gpu = FakeGpu(name="NVIDIA A100-SXM4-80GB", sensor=clock.sensor(training_swing()),
+                  unsupported={"NVML_FI_DEV_POWER_AVERAGE", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"})
+    s = _sensing(clock, gpu).devices()[0].properties["sensors"]
+    assert s["power_avg_w"]["nvml"] == "nvmlDeviceGetPowerUsage"
+    assert s["energy_j"]["nvml"] == "nvmlDeviceGetTotalEnergyConsumption"
+    # the stand-in says compute capability 9.0 whatever its name: NVML documents the call as the 1 s average
+    assert s["power_avg_w"]["source"] == "average"
+
+
+def test_the_buffer_returns_each_driver_sample_once():
+    clock = FakeClock()
+    ps = clock.sensor(training_swing(), buffer_period_s=0.02, buffer_window_s=0.02)
+    backend = _sensing(clock, FakeGpu(sensor=ps), probe_s=0)
+    assert backend.devices()[0].properties["power_buffer"]["depth"] == 120  # the whole ring at open
+    assert backend.power_samples("h") == []  # nothing since open: NVML's NOT_FOUND is no error
+    clock.advance(0.1)
+    got = backend.power_samples("h")
+    assert len(got) == 5 and backend.power_samples("h") == []
+    assert [r["t_ns"] for r in got] == sorted(r["t_ns"] for r in got)
+    assert all(r["t_ns"] <= clock.time_ns() and (r["host"], r["device"]) == ("h", "gpu0") for r in got)
+    assert got[-1]["power_w"] == pytest.approx(ps.reading_w(ps.now_s(), 0.02), abs=1e-3)
+    assert backend.incidents == []
+    calls = backend._nvml.calls["nvmlDeviceGetSamples"]
+    clock.advance(0.01)  # half a driver period since the last sample read: none can be due, no call made
+    assert backend.power_samples("h") == [] and backend._nvml.calls["nvmlDeviceGetSamples"] == calls
+
+
+def test_an_overrun_ring_is_counted_and_logged_once():
+    clock = FakeClock()
+    ps = clock.sensor(training_swing(), buffer_period_s=0.01, buffer_window_s=0.01)
+    backend = _sensing(clock, FakeGpu(sensor=ps), probe_s=0)
+    for _ in range(2):
+        clock.advance(3.0)  # 300 samples into a 120-sample ring
+        assert len(backend.power_samples("h")) == 120
+    info = backend.devices()[0].properties["power_buffer"]
+    assert info["samples_lost"] == 2 * 180
+    (inc,) = backend.incidents
+    assert "overran" in inc.what and "~180 samples lost" in inc.what
+
+
+class _OtherClockNvml(FakeNvml):
+    """A driver whose sample stamps are on another clock (an hour behind the wall clock)."""
+
+    def nvmlDeviceGetSamples(self, device, sampling_type, timeStamp):
+        vtype, samples = super().nvmlDeviceGetSamples(device, sampling_type, timeStamp + 3_600_000_000)
+        for x in samples:
+            x.timeStamp -= 3_600_000_000
+        return vtype, samples
+
+
+def test_driver_stamps_on_another_clock_are_shifted_onto_the_rows_clock():
+    clock = FakeClock()
+    ps = clock.sensor(training_swing())
+    backend = NvidiaBackend(nvml=_OtherClockNvml([FakeGpu(sensor=ps)]), clock_ns=clock.time_ns, sleep=clock.sleep,
+                            probe_s=0)
+    assert "shifted by +3600.000 s" in backend.devices()[0].properties["power_buffer"]["timestamps"]
+    clock.advance(0.25)
+    got = backend.power_samples("h")
+    assert got and all(0 <= clock.time_ns() - r["t_ns"] < 0.3e9 for r in got)
+
+
+def test_the_sampler_streams_the_buffer_with_its_own_clock_shift(tmp_path):
+    clock = FakeClock()
+    ps = clock.sensor(training_swing())
+    backend = _sensing(clock, FakeGpu(sensor=ps), probe_s=0)
+    sampler = Sampler(tmp_path / "run", backends=[backend], host="h", clocks=(clock.time_ns, clock.monotonic_ns))
+    for _ in range(10):
+        sampler._sample_once()
+        clock.advance(0.05)
+    clock.wall -= 60_000_000_000  # the system clock steps back a minute: neither stream moves with it
+    for _ in range(10):
+        sampler._sample_once()
+        clock.advance(0.05)
+    sampler._close_sinks()
+    from powertrain.store.tables import read_power_samples
+
+    t = read_power_samples(tmp_path / "run").column("t_ns").to_pylist()
+    rows = read_telemetry(tmp_path / "run").column("t_ns").to_pylist()
+    # one time line: every 100 ms; the sample the driver took between the last read and the step (stamped
+    # ahead of the stepped clock) is the one that may be lost
+    gaps = [b - a for a, b in itertools.pairwise(t)]
+    assert set(gaps) <= {100_000_000, 200_000_000} and gaps.count(200_000_000) <= 1 and len(t) >= 9
+    assert rows[0] <= t[0] and t[-1] <= rows[-1]
+    assert (tmp_path / "run/telemetry/power-samples/h.parquet").is_file()
+    assert read_telemetry(tmp_path / "run").num_rows == 20  # the telemetry readers do not see the stream
+
+
+def test_a_sensor_spec_survives_the_process_shared_state(tmp_path):
+    state = tmp_path / "gpus.json"
+    spec = {"waveform": "training_swing", "args": {"burst_w": 100.0}, "buffer_depth": 30}
+    write_state(state, [FakeGpu(sensor_spec=spec)])
+    assert read_state(state)[0].sensor_spec == spec
+    nvml = PersistentNvml(state)
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    vtype, samples = nvml.nvmlDeviceGetSamples(h, nvml.NVML_TOTAL_POWER_SAMPLES, 0)
+    assert vtype == nvml.NVML_VALUE_TYPE_UNSIGNED_INT and len(samples) == 30  # one sensor, kept across calls
+    with pytest.raises(ValueError, match="sensor_spec"):
+        write_state(state, [FakeGpu(sensor=PowerSensor(training_swing()))])

@@ -48,7 +48,7 @@ from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA
 from powertrain.shared_fs import wait_for_file
 from powertrain.store.reserve import RUN_RESERVE_BYTES, hold_space, release_space, reserve_path
 from powertrain.store.rundir import RunDir, default_host, read_json, set_file_mode
-from powertrain.store.tables import finalize
+from powertrain.store.tables import finalize, finalize_power_samples
 from powertrain.supervise import inherited_visible_devices, signal_reason, stop_orphans, supervise
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 from powertrain.telemetry.sampler import WRITE_FAILED
@@ -139,6 +139,9 @@ class Monitor:
             Stored in ``run.json`` as ``warmup_steps``; it also applies to steps that the run's other
             processes record without a window (see ``docs/metrics.md``, "Window").
         host: the host label of this node's telemetry (default: the short host name).
+        power_buffer: read the drivers' buffered power samples (NVML ``nvmlDeviceGetSamples``) between
+            polls where a GPU has them, into ``telemetry/power-samples/`` (default True); each device
+            records in ``run.json`` whether it was used and why not.
         flush_s: seconds between crash-safe writes, a finite number > 0: a ``kill -9`` loses at
             most about this much of the telemetry and of the steps this process marks. Default
             (``None``): 1 s for the telemetry, ``$POWERTRAIN_EVENTS_FLUSH_S`` (else 1 s) for the steps.
@@ -164,6 +167,7 @@ class Monitor:
         flush_s: float | None = None,
         prometheus: str | None = None,
         warmup_steps: int = 0,
+        power_buffer: bool = True,
     ) -> None:
         hooks.check_warmup_steps(warmup_steps)
         if flush_s is not None:  # > 0: the sampler would rewrite its segment at every sample with 0
@@ -174,6 +178,7 @@ class Monitor:
         self.run = RunDir(out)
         self.prometheus = prometheus
         self.rate_hz = rate_hz
+        self.power_buffer = power_buffer  # read the drivers' buffered power samples where they have them
         self.backends = backends if isinstance(backends, str) else ",".join(backends)
         self.name = name or self.run.path.name
         if isinstance(command, str):  # list("python x.py") would record one argument per character
@@ -259,7 +264,7 @@ class Monitor:
             # the run's end is start_ns + monotonic time since monotonic_start_ns (module doc)
             "clock": {"start": clock_info(), "monotonic_start_ns": self._t0_mono,
                       "run_times": "start_ns: wall clock at the start; end_ns = start_ns + monotonic time elapsed"},
-            "sampler": {"rate_hz": self.rate_hz, "backends": self.backends},
+            "sampler": {"rate_hz": self.rate_hz, "backends": self.backends, "power_buffer": self.power_buffer},
             # leading steps per rank that are warm-up, for steps recorded without a window
             "warmup_steps": self.warmup_steps,
             "visible_devices": inherited_visible_devices(),
@@ -279,6 +284,8 @@ class Monitor:
         ]
         if self.prometheus:
             cmd += ["--prometheus", self.prometheus]
+        if not self.power_buffer:
+            cmd += ["--no-power-buffer"]
         # Own process group: a terminal Ctrl-C reaches us, and we stop the sampler in order.
         self.sampler = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, process_group=0)
         deadline = time.monotonic() + SAMPLER_START_TIMEOUT_S
@@ -479,7 +486,7 @@ def collect_devices(run: RunDir) -> dict[str, Any]:
         software.update(meta.get("software", {}))
         sampler[host] = {k: meta.get(k) for k in (
             "backends", "rate_hz_requested", "rate_hz_achieved", "samples", "missed_ticks",
-            "t_first_ns", "t_last_ns", "finished", "stop_reason", "clock")}
+            "t_first_ns", "t_last_ns", "finished", "stop_reason", "clock", "power_samples", "power_repeat")}
     supported = sorted({f for d in devices for f in d.get("supported", [])})
     gpu_supported = {f for d in devices if d.get("kind") == "gpu" for f in d.get("supported", [])}
     not_measured = [q for q, fields in QUANTITIES.items() if not gpu_supported.intersection(fields)]
@@ -507,6 +514,11 @@ def compact_streams(run: RunDir) -> list[str]:
             except OSError as exc:
                 notes.append(f"{sub}/{parts.name}: left as segments, not compacted ({exc})")
                 log.warning("powertrain: %s", notes[-1])
+    try:  # the driver's buffered power samples (telemetry/power-samples/), when the sampler read them
+        finalize_power_samples(run.path)
+    except OSError as exc:
+        notes.append(f"telemetry/power-samples: left as segments, not compacted ({exc})")
+        log.warning("powertrain: %s", notes[-1])
     return notes
 
 
@@ -570,6 +582,7 @@ def run_command(
     env: Mapping[str, str] | None = None,
     on_exit: Callable[[], None] | None = None,
     warmup_steps: int = 0,
+    power_buffer: bool = True,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``argv`` under the sampler; returns (the command's exit code, the final ``run.json``).
 
@@ -582,12 +595,13 @@ def run_command(
     as it arrives (``powertrain monitor --parse``); ``on_exit()`` runs once the command's output is
     drained, before the run's streams are compacted (close what ``on_output`` writes there);
     ``prometheus`` (``[HOST:]PORT``) serves the sampler's readings live. ``warmup_steps``: leading
-    steps of each rank that are warm-up when the command marks steps without a window.
+    steps of each rank that are warm-up when the command marks steps without a window. ``power_buffer``:
+    read the drivers' buffered power samples (NVML) between polls where the device has them.
     """
     if not argv:
         raise MonitorError("no command given: put it after `--`, e.g. powertrain monitor -- python train.py")
     mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus,
-                  warmup_steps=warmup_steps)
+                  warmup_steps=warmup_steps, power_buffer=power_buffer)
     mon.start()
     try:
         res = supervise(argv, mon.run, "command", echo=echo, on_output=on_output, env=env,

@@ -52,6 +52,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--rate", type=float, default=DEFAULT_RATE_HZ, help="samples per second (default 20)")
     p.add_argument("--backends", default="auto", help="auto, or a comma list of nvidia,amd,host")
+    p.add_argument("--no-power-buffer", dest="power_buffer", action="store_false",
+                   help="do not read the drivers' buffered power samples (NVML) between polls")
     p.add_argument("--host", default=None, help="host label (default: short host name)")
     p.add_argument("--flush", type=_seconds, default=1.0, help="seconds between crash-safe flushes (> 0)")
     p.add_argument("--watch-pid", type=int, default=None,
@@ -91,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prometheus = exporter.meta()
     sampler = Sampler(run.path, backends=backends, notes=notes, host=host, rate_hz=args.rate,
                       flush_s=args.flush, watch_pid=args.watch_pid, sinks=sinks,
-                      meta={"prometheus": prometheus})
+                      meta={"prometheus": prometheus}, power_buffer=args.power_buffer)
 
     def on_signal(signum: int, _frame: object) -> None:
         sampler.stop(f"received {signal.Signals(signum).name}")

@@ -4,7 +4,8 @@ Every producer (sampler backends, importers, the trainer's step markers, predict
 consumer (analysis, reports, traces) imports its columns from here, so a unit or a type is defined
 once. Rules that hold for every column:
 
-* units are in the name (``_w``, ``_j``, ``_c``, ``_mhz``, ``_pct``, ``_bytes``, ``_s``, ``_ns``);
+* units are in the name (``_w``, ``_j``, ``_c``, ``_mhz``, ``_pct``, ``_bytes``, ``_s``, ``_ns``); a flag about
+  a reading (:data:`FLAG_FIELDS`, boolean) has no unit, no mean and no peak;
 * unknown is null, never 0 or -1;
 * a value that is estimated rather than measured carries ``_est`` in its name;
 * all timestamps are ``CLOCK_REALTIME`` nanoseconds since the epoch (``t_ns``), stamped by the host.
@@ -23,6 +24,9 @@ SCHEMA_VERSION = 1
 # does not have is null on its rows.
 TELEMETRY_FIELDS: dict[str, pa.DataType] = {
     "power_w": pa.float64(),  # instantaneous power
+    # power_w repeats the driver's last value without the driver having refreshed it (telemetry.nvidia
+    # module doc): True; a fresh reading: False; null where unknown (no power_w, an importer, a host row)
+    "power_repeat": pa.bool_(),
     "power_avg_w": pa.float64(),  # device-averaged power (e.g. NVML 1 s average)
     "energy_j": pa.float64(),  # hardware energy counter, cumulative since an arbitrary origin
     "energy_dram_j": pa.float64(),  # DRAM energy counter (RAPL dram domain), cumulative
@@ -58,6 +62,14 @@ TELEMETRY_SCHEMA = pa.schema(
     metadata={"powertrain.schema": f"telemetry/{SCHEMA_VERSION}"},
 )
 
+# Flags about another column's reading, not readings: boolean, never averaged, summed into a rate or
+# plotted as a level.
+FLAG_FIELDS = tuple(name for name, typ in TELEMETRY_FIELDS.items() if pa.types.is_boolean(typ))
+
+# Columns added to a table after files of its schema version were written: a file without them is not
+# damaged, and reads them as null (unknown). Any other missing column is damage.
+ADDED_LATER = frozenset({"power_repeat"})
+
 # Cumulative counters: analysis differentiates them; importers un-wrap them before writing.
 COUNTER_FIELDS = (
     "energy_j",
@@ -90,6 +102,20 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("attrs", pa.string()),  # JSON object with anything else
     ],
     metadata={"powertrain.schema": f"events/{SCHEMA_VERSION}"},
+)
+
+
+# The driver's own buffered power samples (NVML ``nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)``), read
+# between polls: one row per driver sample, in ``telemetry/power-samples/<host>.parquet``. ``t_ns`` is the
+# driver's timestamp put on the telemetry rows' clock (telemetry.nvidia module doc: "The driver's buffer").
+POWER_SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("t_ns", pa.int64(), nullable=False),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("device", pa.string(), nullable=False),
+        pa.field("power_w", pa.float64()),
+    ],
+    metadata={"powertrain.schema": f"power-samples/{SCHEMA_VERSION}"},
 )
 
 

@@ -56,6 +56,7 @@ def run_task_command(
     task_wait_s: float = TASK_WAIT_S,
     on_exit: Callable[[], None] | None = None,
     warmup_steps: int = 0,
+    power_buffer: bool = True,
 ) -> tuple[int, dict[str, Any]]:
     """One task of ``srun -n N powertrain monitor --out DIR -- CMD``: one run, one sampler per node.
 
@@ -76,13 +77,14 @@ def run_task_command(
     run = RunDir(out)
     if procid == 0:
         mon = Monitor(out, rate_hz=rate_hz, backends=backends, command=list(argv), prometheus=prometheus,
-                      warmup_steps=warmup_steps)
+                      warmup_steps=warmup_steps, power_buffer=power_buffer)
         mon.start()
         mon.info["slurm"] = {"tasks": ntasks, "nodes": task.get("nnodes", 1),
                              "job_id": os.environ.get("SLURM_JOB_ID")}
         mon.run.write(mon.info)
     elif localid == 0:
-        mon = Monitor(out, rate_hz=rate_hz, backends=backends, prometheus=prometheus).attach(task_wait_s)
+        mon = Monitor(out, rate_hz=rate_hz, backends=backends, prometheus=prometheus,
+                      power_buffer=power_buffer).attach(task_wait_s)
     else:
         wait_for_shared_file(run.run_json, task_wait_s, "the run.json of task 0")
     try:

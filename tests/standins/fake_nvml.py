@@ -10,13 +10,25 @@ real pynvml installed in the venv.
 
 Each ``FakeGpu`` holds scripted values that a test changes between samples: set power, advance the
 energy counter, wrap a 32-bit counter, mark reads unsupported, or lose the GPU.
+
+A ``FakeGpu`` may instead carry a :class:`PowerSensor`: a known true power waveform (evaluated at
+1 kHz) read through a sensor that behaves as published for A100/H100 (Yang, Adamek, Armour, SC'24):
+the instantaneous field refreshed every 100 ms and averaging only the last 25 ms, the 1 s average
+(``NVML_FI_DEV_POWER_AVERAGE``, and ``nvmlDeviceGetPowerUsage`` as on H100) refreshed every 100 ms,
+the energy counter the exact integral, and ``nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)`` a ring
+buffer of the driver's samples. Its clock is injected (:class:`FakeClock`), so a test advances time
+instead of waiting for it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import string
 import time
+from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -55,6 +67,7 @@ NVML_CLOCK_MEM = 2
 NVML_NVLINK_MAX_LINKS = 36
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_TOTAL_POWER_SAMPLES = 0  # nvmlSamplingType_t
 
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
@@ -87,6 +100,7 @@ nvmlClocksThrottleReasonBoardLimit = 0x200
 nvmlClocksThrottleReasonReliability = 0x400
 
 CONSTANTS = {k: v for k, v in dict(globals()).items() if k.startswith(("NVML_", "nvmlClocks"))}
+_FIELD_NAMES = {v: k for k, v in CONSTANTS.items() if k.startswith("NVML_FI_")}  # field id → its constant's name
 
 _ERROR_TEXT = {
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
@@ -142,6 +156,198 @@ ERRORS = _make_errors()
 globals().update(ERRORS)
 
 
+# -- a clock the test advances, and a power sensor over a known truth -------------------------------
+class FakeClock:
+    """STAND-IN time: a wall clock (``CLOCK_REALTIME``-like, ns since the epoch) and a monotonic clock
+    that move together only when the test says so (``advance``, or ``sleep`` as the code under test
+    calls it). Pass ``time_ns``/``monotonic_ns``/``sleep`` where the real ``time`` functions go."""
+
+    def __init__(self, start_s: float = 1_700_000_000.0) -> None:
+        self.wall = int(start_s * 1e9)
+        self.mono = 5_000_000_000
+
+    def time_ns(self) -> int:
+        return self.wall
+
+    def monotonic_ns(self) -> int:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        step = round(seconds * 1e9)
+        self.wall += step
+        self.mono += step
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
+
+    def sensor(self, truth_w: Callable[[float], float], **kw: Any) -> PowerSensor:
+        """A :class:`PowerSensor` on this clock: its time line monotonic, its stamps the wall clock."""
+        return PowerSensor(truth_w, clock_ns=self.monotonic_ns, stamp_ns=self.time_ns, **kw)
+
+
+def training_swing(mean_w: float = 650.0, swing_w: float = 89.0, freq_hz: float = 1.1, burst_w: float = 200.0,
+                   burst_s: float = 0.040, burst_every_s: float = 0.437) -> Callable[[float], float]:
+    """A training step's power as a known truth: a square swing of ±``swing_w`` around ``mean_w`` at
+    ``freq_hz`` (the H200 run's 1.1 Hz ±89 W), plus ``burst_s`` bursts of +``burst_w`` every
+    ``burst_every_s`` (a period sharing no small multiple with a 100 ms sensor, so bursts fall at every
+    phase of its windows)."""
+
+    def truth(t: float) -> float:
+        p = mean_w + (swing_w if math.sin(2 * math.pi * freq_hz * t) >= 0 else -swing_w)
+        if t % burst_every_s < burst_s:
+            p += burst_w
+        return p
+
+    return truth
+
+
+WAVEFORMS: dict[str, Callable[..., Callable[[float], float]]] = {"training_swing": training_swing}
+
+_MS = 1_000_000  # ns
+
+
+@dataclass
+class PowerSensor:
+    """STAND-IN power sensor of one GPU over a known true waveform (see the module doc).
+
+    ``truth_w(t)`` is the true power in W at ``t`` seconds after the sensor's start (its first read) on
+    ``clock_ns`` (a monotonic clock: the device's own time never steps), evaluated at 1 kHz: the power
+    is ``truth_w(k / 1000)`` throughout millisecond ``k``; ``k`` starts before 0 (by the longest window
+    plus a full buffer) so the first readings have a full history. Readings refresh at
+    ``phase_s + n * update_s``; each holds the mean true power over the window ending at its refresh.
+    The driver's buffer keeps the last ``buffer_depth`` samples taken every ``buffer_period_s``
+    (default: ``update_s``) over ``buffer_window_s`` (default: the instant window), each stamped in µs
+    of ``stamp_ns`` (the CPU wall clock) as it read when the sample was taken: a step of that clock
+    (seen at the next read) moves the stamps of the samples after it only.
+    """
+
+    truth_w: Callable[[float], float]
+    clock_ns: Callable[[], int] = time.monotonic_ns
+    stamp_ns: Callable[[], int] = time.time_ns
+    update_s: float = 0.1
+    instant_window_s: float = 0.025
+    average_window_s: float = 1.0
+    buffer_depth: int = 120
+    buffer_period_s: float | None = None
+    buffer_window_s: float | None = None
+    phase_s: float = 0.0
+    energy_mj0: int = 1_000_000
+    # The sensor's own jitter, added to every reading (not to the truth or the counter): up to ±noise_w,
+    # fixed by the reading's time. A real sensor's value differs at mW resolution from one refresh to
+    # the next even under a constant load; without it a flat truth reads the same across refreshes and
+    # no probe that watches for changes could see them.
+    noise_w: float = 0.05
+
+    def __post_init__(self) -> None:
+        self.start_ns: int | None = None  # on clock_ns
+        self.start_stamp_ns: int | None = None  # stamp_ns at the same moment
+        self._offsets: list[tuple[float, int]] = []  # (from sensor second, stamp_ns − clock_ns), in order
+        longest = max(self.average_window_s, self.instant_window_s, self._bwin)
+        self._k0 = -math.ceil((longest + max(self.update_s, self._bper) * (self.buffer_depth + 2)) * 1000)
+        self._cum = array("d", [0.0])  # energy (J) from the start of ms k0 to the start of ms k0 + i
+        self._p = array("d")  # power (W) during ms k0 + i
+
+    @property
+    def _bper(self) -> float:
+        return self.buffer_period_s if self.buffer_period_s is not None else self.update_s
+
+    @property
+    def _bwin(self) -> float:
+        return self.buffer_window_s if self.buffer_window_s is not None else self.instant_window_s
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> PowerSensor:
+        """A sensor on the real clock from a JSON-able spec: ``{"waveform": name, "args": {...}, <field>: ...}``
+        (what a process-shared stand-in state can hold: :mod:`standins.nvml_state`)."""
+        spec = dict(spec)
+        truth = WAVEFORMS[spec.pop("waveform", "training_swing")](**spec.pop("args", {}))
+        return cls(truth, **spec)
+
+    # -- the truth ---------------------------------------------------------------------------------
+    def now_s(self) -> float:
+        """Seconds since the sensor's start on its clock (the start is the first call)."""
+        now, stamp = self.clock_ns(), self.stamp_ns()
+        if self.start_ns is None:
+            self.start_ns, self.start_stamp_ns = now, stamp
+        t = (now - self.start_ns) / 1e9
+        if not self._offsets or self._offsets[-1][1] != stamp - now:
+            self._offsets.append((t if self._offsets else -math.inf, stamp - now))
+        return t
+
+    def stamp_us(self, t_s: float) -> int:
+        """The CPU-clock µs stamp of a sample taken at sensor second ``t_s``."""
+        assert self.start_ns is not None
+        offset = next(off for since, off in reversed(self._offsets) if since <= t_s)
+        return (self.start_ns + round(t_s * 1e9) + offset) // 1000
+
+    def _extend(self, k: int) -> None:
+        """Evaluate the truth up to millisecond ``k`` (inclusive)."""
+        while self._k0 + len(self._p) <= k:
+            p = float(self.truth_w((self._k0 + len(self._p)) / 1000.0))
+            self._p.append(p)
+            self._cum.append(self._cum[-1] + p * 1e-3)
+
+    def energy_j(self, t_s: float) -> float:
+        """The exact true energy from the start of the history to ``t_s`` (J)."""
+        t_ms = t_s * 1000.0
+        k = math.floor(t_ms)
+        self._extend(k)
+        i = k - self._k0
+        return self._cum[i] + self._p[i] * (t_ms - k) * 1e-3
+
+    def true_energy_j(self, t0_s: float, t1_s: float) -> float:
+        return self.energy_j(t1_s) - self.energy_j(t0_s)
+
+    def true_peak_w(self, t0_s: float, t1_s: float) -> float:
+        """The highest 1 kHz true power in [t0_s, t1_s)."""
+        k0, k1 = math.floor(t0_s * 1000), math.ceil(t1_s * 1000)
+        self._extend(k1)
+        return max(self._p[k0 - self._k0:k1 - self._k0])
+
+    def mean_w(self, t_end_s: float, window_s: float) -> float:
+        return (self.energy_j(t_end_s) - self.energy_j(t_end_s - window_s)) / window_s
+
+    # -- what NVML reads -----------------------------------------------------------------------------
+    def _refresh(self, t_s: float, period: float) -> float:
+        """The latest refresh time at or before ``t_s``."""
+        return self.phase_s + math.floor((t_s - self.phase_s) / period + 1e-9) * period
+
+    def noise(self, t_s: float) -> float:
+        """The jitter (W) of a reading taken at sensor second ``t_s``: a fixed hash of its µs, in ±noise_w."""
+        h = (round(t_s * 1e6) * 2654435761) % 2**32
+        return self.noise_w * (2.0 * h / 2**32 - 1.0)
+
+    def reading_w(self, t_s: float, window_s: float) -> float:
+        """What the sensor reads for a window ending at ``t_s``: the truth's mean over it, and its jitter."""
+        return self.mean_w(t_s, window_s) + self.noise(t_s)
+
+    def instant_mw(self) -> int:
+        return round(self.reading_w(self._refresh(self.now_s(), self.update_s), self.instant_window_s) * 1000)
+
+    def average_mw(self) -> int:
+        return round(self.reading_w(self._refresh(self.now_s(), self.update_s), self.average_window_s) * 1000)
+
+    def energy_mj(self) -> int:
+        return self.energy_mj0 + round(self.true_energy_j(0.0, self.now_s()) * 1000)
+
+    def buffered(self, last_seen_us: int) -> list[tuple[int, int]]:
+        """(µs timestamp, mW) of the ring's samples newer than ``last_seen_us``, oldest first."""
+        t = self.now_s()
+        per = self._bper
+        newest = math.floor((t - self.phase_s) / per + 1e-9)
+        first = newest - self.buffer_depth + 1
+        if last_seen_us > 0 and len(self._offsets) == 1:  # skip, unvisited, what the caller has seen
+            seen = ((last_seen_us - self.stamp_us(0.0)) / 1e6 - self.phase_s) / per
+            first = max(first, math.floor(seen))  # one below, for rounding
+        out = []
+        for m in range(first, newest + 1):
+            tb = self.phase_s + m * per
+            ts_us = self.stamp_us(tb)
+            if ts_us > last_seen_us:
+                out.append((ts_us, round(self.reading_w(tb, self._bwin) * 1000)))
+        return out
+
+
 # -- scripted devices --------------------------------------------------------------------------------
 @dataclass
 class FakeGpu:
@@ -188,6 +394,12 @@ class FakeGpu:
     mem_lock: tuple[int, int] | None = None
     app_clocks: tuple[int, int] | None = None  # (memory, graphics) MHz set as application clocks
     history: list[str] = field(default_factory=list)  # every set call, in order ("power 500000", "sm 1200-1500")
+    # A known-truth power sensor: instant, average and energy reads and the driver's sample buffer come
+    # from it, not from power_mw/power_avg_mw/energy_mj. `sensor` is an object (this process only);
+    # `sensor_spec` a JSON-able PowerSensor.from_spec description a process-shared state can hold.
+    # Without either, nvmlDeviceGetSamples answers NOT_SUPPORTED (a scripted GPU has no buffer).
+    sensor: PowerSensor | None = None
+    sensor_spec: dict[str, Any] | None = None
 
     def advance(self, seconds: float) -> None:
         """Let time pass at the current power: the energy counter grows by power × time."""
@@ -199,12 +411,23 @@ class _Handle:
     index: int
 
 
+class _Sample:
+    """A c_nvmlSample_t look-alike: ``timeStamp`` (µs) and the ``sampleValue`` union."""
+
+    def __init__(self, ts_us: int, member: str, value: Any) -> None:
+        self.timeStamp = ts_us
+        self.sampleValue = _Union(member, value)
+
+
 class _Union:
-    """A c_nvmlValue_t look-alike: only the member named by the value type can be read."""
+    """A c_nvmlValue_t look-alike: only the member named by the value type can be read (the others
+    read None, from the class: one attribute set per value keeps a stand-in read cheap)."""
+
+    dVal = uiVal = ulVal = ullVal = sllVal = siVal = usVal = None
+    MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
     def __init__(self, member: str, value: Any) -> None:
-        for m in ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal"):
-            setattr(self, m, value if m == member else None)
+        setattr(self, member, value)
 
 
 _MEMBER = {
@@ -235,6 +458,7 @@ class FakeNvml:
         self.driver = driver
         self.initialized = False
         self.calls: Counter[str] = Counter()  # function name → number of calls
+        self._sensors: dict[tuple[int, str], PowerSensor] = {}  # built from sensor_spec, kept across calls
 
     # -- helpers -------------------------------------------------------------------------------
     def _gpu(self, fn: str, handle: _Handle) -> FakeGpu:
@@ -249,6 +473,20 @@ class FakeNvml:
         if fn in gpu.unsupported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu
+
+    def _sensor(self, handle: _Handle, g: FakeGpu) -> PowerSensor | None:
+        if g.sensor is not None:
+            return g.sensor
+        if g.sensor_spec is None:
+            return None
+        key = (handle.index, json.dumps(g.sensor_spec, sort_keys=True))
+        if key not in self._sensors:
+            self._sensors[key] = PowerSensor.from_spec(g.sensor_spec)
+        return self._sensors[key]
+
+    def _now_us(self, handle: _Handle, g: FakeGpu) -> int:
+        sensor = self._sensor(handle, g)
+        return (sensor.stamp_ns() if sensor is not None else time.time_ns()) // 1000
 
     # -- library -------------------------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -388,10 +626,27 @@ class FakeNvml:
         g.history.append("app reset")
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
-        return self._gpu("nvmlDeviceGetPowerUsage", h).power_avg_mw
+        g = self._gpu("nvmlDeviceGetPowerUsage", h)
+        sensor = self._sensor(h, g)
+        return sensor.average_mw() if sensor is not None else g.power_avg_mw  # H100: the 1 s average
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: _Handle) -> int:
-        return self._gpu("nvmlDeviceGetTotalEnergyConsumption", h).energy_mj
+        g = self._gpu("nvmlDeviceGetTotalEnergyConsumption", h)
+        sensor = self._sensor(h, g)
+        return sensor.energy_mj() if sensor is not None else g.energy_mj
+
+    def nvmlDeviceGetSamples(self, device: _Handle, sampling_type: int, timeStamp: int) -> tuple[int, list[_Sample]]:
+        """The driver's buffered samples newer than ``timeStamp`` (µs), as pynvml returns them:
+        (value type, [c_nvmlSample_t]); NOT_FOUND when there is none, as NVML."""
+        g = self._gpu("nvmlDeviceGetSamples", device)
+        sensor = self._sensor(device, g)
+        if sensor is None or sampling_type != NVML_TOTAL_POWER_SAMPLES:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        got = sensor.buffered(int(timeStamp))
+        if not got:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        member = _MEMBER[NVML_VALUE_TYPE_UNSIGNED_INT]
+        return NVML_VALUE_TYPE_UNSIGNED_INT, [_Sample(ts, member, mw) for ts, mw in got]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h).reasons
@@ -410,18 +665,19 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, h: _Handle, fieldIds: list[Any]) -> list[SimpleNamespace]:
         g = self._gpu("nvmlDeviceGetFieldValues", h)
-        now_us = time.time_ns() // 1000
+        now_us = self._now_us(h, g)
+        sensor = self._sensor(h, g)
         out = []
         for item in fieldIds:
             fid, scope = item if isinstance(item, tuple) else (item, 0)  # a bare id means scopeId 0
-            ret, vtype, value = self._field(g, fid, scope)
+            ret, vtype, value = self._field(g, fid, scope, sensor)
             out.append(SimpleNamespace(
                 fieldId=fid, scopeId=scope, timestamp=now_us, latencyUsec=0, valueType=vtype,
                 nvmlReturn=ret, value=_Union(_MEMBER[vtype], value if ret == NVML_SUCCESS else None)))
         return out
 
-    def _field(self, g: FakeGpu, fid: int, scope: int) -> tuple[int, int, Any]:
-        const = next((k for k, v in CONSTANTS.items() if k.startswith("NVML_FI_") and v == fid), None)
+    def _field(self, g: FakeGpu, fid: int, scope: int, sensor: PowerSensor | None = None) -> tuple[int, int, Any]:
+        const = _FIELD_NAMES.get(fid)
         if const is None:
             return NVML_ERROR_INVALID_ARGUMENT, NVML_VALUE_TYPE_UNSIGNED_INT, None
         if const in g.unsupported:
@@ -436,6 +692,12 @@ class FakeNvml:
             return NVML_SUCCESS, u64, links[scope]
         if fid in (NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_POWER_AVERAGE) and scope != 0:
             return NVML_ERROR_NOT_SUPPORTED, u32, None  # only the GPU scope on a discrete GPU
+        if sensor is not None and fid == NVML_FI_DEV_POWER_INSTANT:
+            return NVML_SUCCESS, u32, sensor.instant_mw()
+        if sensor is not None and fid == NVML_FI_DEV_POWER_AVERAGE:
+            return NVML_SUCCESS, u32, sensor.average_mw()
+        if sensor is not None and fid == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+            return NVML_SUCCESS, u64, sensor.energy_mj()
         values = {
             NVML_FI_DEV_POWER_INSTANT: (u32, g.power_mw),
             NVML_FI_DEV_POWER_AVERAGE: (u32, g.power_avg_mw),

@@ -6,6 +6,10 @@ Device settings live in the driver, not in the process that set them, so a test 
 every set/reset call (atomically). ``nvml_shim/pynvml.py`` makes it *the* ``pynvml`` of a
 subprocess (``PYTHONPATH=tests/standins/nvml_shim:tests``, ``FAKE_NVML_STATE=<file>``), so a whole
 ``powertrain sweep`` — launcher, sampler, restore — sees one stand-in node.
+
+A GPU's known-truth power sensor is kept as its JSON ``sensor_spec`` (a :class:`PowerSensor` object,
+with its callables, cannot be written): each process builds its own sensor from it on the real clock,
+once, and keeps it while the state is re-read (:meth:`FakeNvml._sensor`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ _TUPLES = ("sm_lock", "mem_lock", "app_clocks")
 def write_state(path: Path, gpus: list[FakeGpu]) -> None:
     data = []
     for g in gpus:
+        if g.sensor is not None:
+            raise ValueError("a PowerSensor object cannot be kept in the shared state: give the GPU a sensor_spec")
         d = dataclasses.asdict(g)
+        del d["sensor"]
         d["unsupported"] = sorted(g.unsupported)
         data.append(d)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

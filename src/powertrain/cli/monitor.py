@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from powertrain.cli.root import app, shown_text
+from powertrain.cli.root import PowerBufferOption, app, shown_text
 from powertrain.monitor import MonitorError, run_command
 from powertrain.slurm_tasks import run_task_command, slurm_task
 from powertrain.store.tables import telemetry_files
@@ -98,6 +98,7 @@ def monitor(
              "to 127.0.0.1, give 0.0.0.0:PORT with --prometheus-public to expose it on the network.")] = None,
     prometheus_public: Annotated[bool, typer.Option(
         "--prometheus-public", help="Allow --prometheus on a non-loopback address (a warning is printed).")] = False,
+    power_buffer: PowerBufferOption = True,
 ) -> None:
     """Run COMMAND under the per-node telemetry sampler and leave a run directory.
 
@@ -137,7 +138,7 @@ def monitor(
         # one line before anything starts; under srun only one task per node serves --prometheus
         _check_rate_and_port(rate, prometheus if task is None else None)
         parser = _step_parser(parse, out, seq_len, warmup_steps, task)
-        kw = _run_options(rate, backends, not quiet, parser, prometheus, warmup_steps)
+        kw = _run_options(rate, backends, not quiet, parser, prometheus, warmup_steps) | {"power_buffer": power_buffer}
         if task is not None:
             code, info = run_task_command(command, out, task, **kw)
         else:

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -92,6 +92,13 @@ def _one_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     safe = printable("; ".join(lines))  # an escape sequence or bidi override in a name is shown, not obeyed
     return safe if len(safe) <= _MAX_MESSAGE else safe[:_MAX_MESSAGE - 1] + "…"
+
+
+# `run` and `monitor`: whether the sampler reads the GPU driver's buffered power samples (one definition)
+PowerBufferOption = Annotated[bool, typer.Option(
+    "--power-buffer/--no-power-buffer",
+    help="Read the GPU driver's own buffered power samples (NVML) between polls, so peaks and short bursts "
+         "come from the driver's samples (telemetry/power-samples/); each device records whether it was used.")]
 
 
 def shown_text(value: object) -> str:

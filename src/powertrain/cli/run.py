@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from powertrain.cli.plan import fail
-from powertrain.cli.root import app, shown_text
+from powertrain.cli.root import PowerBufferOption, app, shown_text
 from powertrain.core.names import printable
 from powertrain.monitor import MonitorError
 from powertrain.plan.sweep_spec import pydantic_message
@@ -84,6 +84,7 @@ def run(
     master_port: Annotated[int | None, typer.Option("--master-port", min=1, max=65535, help="A free port on node 0; under srun: derived from the job id.", rich_help_panel="Several nodes")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Label of this node's telemetry (default: the host name).", rich_help_panel="Several nodes")] = None,
     allow_unapplied: Annotated[bool, typer.Option("--allow-unapplied", help="Run even when a device control (knobs.power_limit_w, sm_clock_mhz, mem_clock_mhz) cannot be set here; run.json records it as not applied.")] = False,
+    power_buffer: PowerBufferOption = True,
 ) -> None:
     """Train SPEC with the built-in reference trainer and leave a complete run directory.
 
@@ -119,10 +120,9 @@ def run(
 
       powertrain run examples/run-llama-1gpu.yaml --out runs/cap   # with knobs: {power_limit_w: 500}
 
-    A sweep spec (base + grid) is run with `powertrain sweep`, not `run`; so is a run spec that sets
-    protocol.repeats, cooldown_s, cooldown_until_temp_c or idle_baseline_s, which only a sweep
-    applies. A knob that changes nothing for the layout (async TP at TP=1, FSDP knobs without FSDP,
-    DP knobs without DP, a pipeline schedule at PP=1) is refused, naming it.
+    A sweep spec (base + grid) is run with `powertrain sweep`, not `run`; so is a run spec that sets protocol.repeats,
+    cooldown_s, cooldown_until_temp_c or idle_baseline_s, which only a sweep applies. A knob that changes
+    nothing for the layout (async TP at TP=1, FSDP or DP knobs without them, a pipeline schedule at PP=1) is refused.
     """
     cfg = _checked_config(spec)
     try:
@@ -144,7 +144,7 @@ def run(
         res = launch_local(cfg, out, rate_hz=rate, backends=backends if backends == "auto" else backends.split(","),
                            echo=not quiet, timeout_s=timeout, host=host, nnodes=nodes.nnodes,
                            node_rank=nodes.node_rank, master_addr=nodes.master_addr, master_port=nodes.master_port,
-                           allow_unapplied=allow_unapplied)
+                           allow_unapplied=allow_unapplied, power_buffer=power_buffer)
     except (MonitorError, ValueError) as exc:
         err.print(f"[red]error:[/] {shown_text(exc)}")
         raise typer.Exit(2) from None

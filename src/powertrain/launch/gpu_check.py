@@ -298,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
     from powertrain.telemetry.nvidia import NvidiaBackend
 
     try:  # fail here with the backend's one line, before a sampler process is started
-        NvidiaBackend().close()
+        NvidiaBackend(probe_s=0).close()  # only "is there a GPU": no update-period probe
     except BackendUnavailable as exc:
         log.error("gpu_check: %s", exc)
         return 2

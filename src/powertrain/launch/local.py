@@ -307,7 +307,7 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
                  env: Mapping[str, str] | None = None, nnodes: int = 1, node_rank: int = 0,
                  master_addr: str | None = None, master_port: int | None = None,
                  host: str | None = None, allow_unapplied: bool = False,
-                 controls_binding: Any | None = None) -> RunResult:  # long function: node 0's and the other nodes' launch read top to bottom, each with its own clean-up
+                 controls_binding: Any | None = None, power_buffer: bool = True) -> RunResult:  # long function: node 0's and the other nodes' launch read top to bottom, each with its own clean-up
     """Run this node's share of ``cfg``; returns how it ended (the run directory holds the rest).
 
     One node (``nnodes=1``): the whole run. Several: call it once on every node with the same
@@ -318,7 +318,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
     Raises :class:`powertrain.spec.validate.ConfigError` before anything starts when the
     configuration breaks a rule, and ``ValueError`` as :func:`_check_node` and
     :func:`powertrain.launch.controls.node_controls` say (``allow_unapplied``: a device control
-    that cannot be set is recorded as not applied; ``controls_binding`` injects its vendor library).
+    that cannot be set is recorded as not applied; ``controls_binding`` injects its vendor library;
+    ``power_buffer``: the sampler reads the drivers' buffered power samples, see :class:`Monitor`).
     """
     dev = _check_node(cfg, nnodes, node_rank, master_addr, master_port)
     stand_in = check_node_device(cfg, dev, _gpu_name() if dev != "cpu" else None)
@@ -330,7 +331,8 @@ def launch_local(cfg: RunConfig, out: str | os.PathLike[str], *, rate_hz: float 
                            master_port=master_port)
     host = host or default_host()
     log_name = "torchrun.log" if nnodes == 1 else f"torchrun-node-{node_rank}.log"
-    mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd, host=host)
+    mon = Monitor(out, rate_hz=rate_hz, backends=backends, name=cfg.name, command=cmd, host=host,
+                  power_buffer=power_buffer)
     code: int | None  # the exit code of torchrun on this node; None when it was never reached
     if node_rank == 0:
         mon.start()

@@ -62,7 +62,7 @@ from dataclasses import field as dc_field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from powertrain.schema import TELEMETRY_FIELDS
+from powertrain.schema import FLAG_FIELDS, TELEMETRY_FIELDS
 
 DEFAULT_ADDR = "127.0.0.1"
 PUBLIC_ENV = "POWERTRAIN_PROMETHEUS_PUBLIC"
@@ -365,8 +365,8 @@ class PrometheusExporter:
             values = [str(row.get("host", "")), str(row.get("device", "")), *self.labels.values()]
             for field in TELEMETRY_FIELDS:
                 v = row.get(field)
-                if v is None:
-                    continue  # unknown stays absent, never 0
+                if v is None or field in FLAG_FIELDS:
+                    continue  # unknown stays absent, never 0; a flag about a reading is no gauge
                 name, doc, scale = DCGM_NAMES.get(field, (metric_name(field), f"powertrain telemetry field {field}.", 1.0))
                 fam = families.get(name)
                 if fam is None:

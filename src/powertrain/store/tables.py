@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from powertrain.core.files import is_regular_file, require_regular_file
-from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+from powertrain.core.names import check_name
+from powertrain.schema import ADDED_LATER, EVENTS_SCHEMA, POWER_SAMPLES_SCHEMA, TELEMETRY_SCHEMA
 from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import set_file_mode
 
@@ -141,7 +142,7 @@ class _RowGroupBuffer:
         self.rows = 0
 
     def add(self, table: pa.Table) -> None:
-        self.tables.append(table.select(self.schema.names).cast(self.schema))
+        self.tables.append(conform(table, self.schema))
         self.rows += table.num_rows
         if self.rows >= COMPACT_ROW_GROUP_ROWS:
             self.flush()
@@ -192,7 +193,17 @@ def read_stream(base: Path, schema: pa.Schema) -> pa.Table:
         tables += [t for t in (_read_readable(p) for p in sorted(parts.glob("seg-*.parquet"))) if t is not None]
     if not tables:
         return schema.empty_table()
-    return pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
+    return pa.concat_tables([conform(t, schema) for t in tables])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` as ``schema``: its columns in schema order, cast; a column the file predates
+    (:data:`powertrain.schema.ADDED_LATER`: ``power_repeat`` in telemetry written before it existed) is
+    all null — unknown, as its contract says. Any other missing column is still an error."""
+    for f in schema:
+        if f.name not in table.column_names and f.nullable and f.name in ADDED_LATER:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(schema.names).cast(schema)
 
 
 def _streams(folder: Path) -> list[Path]:
@@ -265,3 +276,35 @@ def finalize_run_streams(run_dir: str | os.PathLike[str]) -> None:
     for sub, schema in (("telemetry", TELEMETRY_SCHEMA), ("events", EVENTS_SCHEMA)):
         for parts in sorted((run_dir / sub).glob("*.parts")):
             finalize(parts.with_name(parts.name.removesuffix(".parts")), schema)
+
+
+# The driver's buffered power samples: telemetry/power-samples/<host>.parquet (POWER_SAMPLES_SCHEMA). A
+# folder of their own, not telemetry/<host>.power-samples.parquet: every reader of telemetry/*.parquet
+# (read_telemetry, RunDir.hosts, store.validate, the compaction after a crash) takes a file there for
+# a host's telemetry rows.
+POWER_SAMPLES_DIR = "power-samples"
+
+
+def power_samples_base(run_dir: str | os.PathLike[str], host: str) -> Path:
+    """The base of ``host``'s power-samples stream (``.parquet`` once compacted, ``.parts/`` while written);
+    a host that is not one path component is ``BadName``."""
+    return Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR / check_name(host, "host")
+
+
+def read_power_samples(run_dir: str | os.PathLike[str]) -> pa.Table | None:
+    """The driver's buffered power samples of a run (every host), sorted by time, host, device; None when
+    the run has no such stream (the buffer was not offered or not used, or the run predates it)."""
+    folder = Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR
+    streams = _streams(folder) if folder.is_dir() else []
+    if not streams:
+        return None
+    table = pa.concat_tables([read_stream(s, POWER_SAMPLES_SCHEMA) for s in streams])
+    return table.sort_by([("t_ns", "ascending"), ("host", "ascending"), ("device", "ascending")])
+
+
+def finalize_power_samples(run_dir: str | os.PathLike[str]) -> None:
+    """Compact every unfinished power-samples stream of a run (after a sampler crash; the sampler compacts
+    its own when it stops)."""
+    folder = Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR
+    for parts in sorted(folder.glob("*.parts")) if folder.is_dir() else []:
+        finalize(parts.with_name(parts.name.removesuffix(".parts")), POWER_SAMPLES_SCHEMA)

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from powertrain.core.files import NotRegularFile, file_kind, read_regular_bytes
-from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_SCHEMA
+from powertrain.schema import ADDED_LATER, EVENTS_SCHEMA, TELEMETRY_SCHEMA
 
 RUN_STATUSES = ("running", "ok", "failed")
 RUN_SCHEMA_VERSION = 1  # the run.json layout this code reads and writes
@@ -145,10 +145,12 @@ def run_schema_problem(schema: str) -> str | None:
 
 
 def _schema_problem(schema: pa.Schema, want: pa.Schema) -> str | None:
-    missing = [f.name for f in want if f.name not in schema.names]
+    missing = [f.name for f in want if f.name not in schema.names and f.name not in ADDED_LATER]
     if missing:
         return f"wrong schema: no column {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"
     for f in want:
+        if f.name not in schema.names:  # a column added later (ADDED_LATER): read as null
+            continue
         got = schema.field(f.name).type
         if not _converts(got, f.type):
             return f"wrong schema: column {f.name} is {got}, expected {f.type}"

@@ -7,6 +7,10 @@ at the moment that device was read. Fields a device cannot report stay ``None``.
 Vendor errors never escape a backend: opening fails with :class:`BackendUnavailable` (which says what
 was found and what is used instead), and a device that disappears mid-run yields null rows plus an
 incident, not an exception.
+
+A backend whose driver keeps its own buffer of power samples (NVIDIA's ``nvmlDeviceGetSamples``)
+also answers :meth:`Backend.power_samples`, which the sampler calls once per tick; every other
+backend has none (the defaults here).
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def sample(self, host: str) -> list[dict[str, Any]]:
         """Read every device once; one row per device, unknown fields ``None``."""
+
+    def set_power_buffer(self, enabled: bool) -> bool:
+        """Read the driver's buffered power samples between polls (where offered) or not; whether any
+        device of this backend will. Recorded per device in ``properties["power_buffer"]``."""
+        return False
+
+    def power_samples(self, host: str) -> list[dict[str, Any]]:
+        """The driver's power samples since the previous call (``POWER_SAMPLES_SCHEMA`` rows, stamped on
+        the system clock like :meth:`sample`'s rows); none where the driver keeps no buffer."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release vendor handles."""

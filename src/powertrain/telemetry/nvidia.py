@@ -25,11 +25,50 @@ continues from where it was (:class:`powertrain.core.counters.Unwrapper`).
 Errors never escape: opening fails with :class:`BackendUnavailable` and one line saying what was
 found; a GPU that stops answering mid-run (``GPU is lost`` or every read failing) gets null rows
 and one :class:`Incident`, and sampling of the other GPUs goes on.
+
+**Each field says what it is.** A GPU's power readings are not instantaneous: each averages some
+window and changes only when the driver refreshes it. At open the backend polls the power columns
+(``power_w``, ``power_avg_w``, ``energy_j``) every 5 ms for at most ``probe_s`` (0.5 s by default;
+it stops early once every column changed 4 times) and takes each one's update period as the median
+time between changes, of the shortest ones (a refresh that reads the same value again makes a longer
+gap). ``DeviceInfo.properties["sensors"]`` then holds, per column, the NVML source and kind, the
+probed period and the published averaging window with its citation
+(:mod:`powertrain.telemetry.sensor_facts`). A reading that does not change during the probe (a
+flat load read exactly) has no measured period; a real sensor's value differs at mW resolution.
+
+**No invented resolution: ``power_repeat``.** Sampling faster than the driver refreshes reads the
+same value again. A row's ``power_repeat`` is True when its ``power_w`` equals the previous poll's
+raw value exactly *and* less than one probed update period of ``power_w`` has passed since the poll
+that first showed that value: the driver has not been due for a refresh, so the row adds no new
+reading. It is False on a fresh value: the first, one that differs from the previous poll's, or an
+equal one a full period or more after it was first seen (the driver refreshed at least once since,
+and read the same value again; that poll then counts as the value's first sighting). It is null when
+``power_w`` is null, and on an equal value when the probe measured no period (we cannot tell).
+
+**The driver's buffer.** Where ``nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)`` works, the
+sampler calls :meth:`NvidiaBackend.power_samples` once per tick: it asks for the samples newer than
+the newest one it has (``lastSeenTimeStamp``), so each driver sample is returned once, and they go to
+their own stream (``telemetry/power-samples/<host>.parquet``). NVML stamps them in "CPU time" µs;
+when the newest stamp at the first read is within [-1 s, +5 s] of ``CLOCK_REALTIME`` (the clock the
+rows are stamped with) the stamps are taken as that clock (``t_ns = stamp × 1000``); otherwise they
+are on another clock and are shifted by the difference seen at that first read (an error of at most
+one buffer period), said in ``properties["power_buffer"]["timestamps"]``. The sampler then moves
+them onto its own clock exactly as it moves the rows. A gap between reads longer than the ring holds
+is counted (``samples_lost``) and logged once. A step back of ``CLOCK_REALTIME`` would hide the samples
+after it (NVML returns only stamps above ``lastSeenTimeStamp``): when the clock reads more than 1 s
+before the last stamp read, the whole ring is asked for and the samples stamped up to now are kept
+(those the driver took between the last read and the step, stamped ahead, are lost: under one tick).
+A tick less than one buffer period after the last sample read makes no call (none can be due).
+``properties["power_buffer"]`` says whether the buffer was used, the most samples one call returned
+(``depth``: the ring size where a call saw it full), the samples' spacing, and why not where it was not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +77,10 @@ from typing import Any
 from powertrain.core.counters import Unwrapper
 from powertrain.core.throttle import throttle_from_nvml
 from powertrain.schema import TELEMETRY_FIELDS, empty_telemetry_row
+from powertrain.telemetry import sensor_facts
 from powertrain.telemetry.backend import Backend, BackendUnavailable, DeviceInfo
+
+log = logging.getLogger(__name__)
 
 _INSTEAD = "GPU power/temperature/clocks not measured — using host counters only"
 
@@ -81,6 +123,12 @@ _FIELDS: tuple[_FieldSpec, ...] = (
 
 _INT_COLUMNS = {name for name, typ in TELEMETRY_FIELDS.items() if str(typ) == "int64"}
 
+POWER_COLUMNS = ("power_w", "power_avg_w", "energy_j")  # the readings whose update period is probed
+PROBE_S = 0.5  # the longest the update-period probe polls at open
+_PROBE_POLL_S = 0.005
+_PROBE_CHANGES = 4  # changes of every column after which the probe stops (3 intervals for a median)
+_BUFFER_AGE_US = (-1_000_000, 5_000_000)  # newest driver sample's age at a read, if on CLOCK_REALTIME
+
 
 @dataclass
 class _Slot:
@@ -99,6 +147,21 @@ class _Reader:
     label: str
     candidates: list[Callable[[Any], dict[str, Any]]]
     fn: Callable[[Any], dict[str, Any]] | None = None
+    nvml: str = ""  # the NVML function it calls, for what a power column is read from
+
+
+@dataclass
+class _Buffer:
+    """The driver's buffered power samples of one GPU, as read so far."""
+
+    last_seen_us: int = 0  # the newest driver stamp returned (NVML's lastSeenTimeStamp)
+    offset_us: int = 0  # driver stamp + offset = CLOCK_REALTIME µs
+    timestamps: str | None = None  # how the stamps were mapped (module doc); None before any sample
+    depth: int | None = None  # the most samples one call returned
+    period_us: float | None = None  # the spacing of the driver's samples
+    lost: int = 0  # samples the ring overwrote before they were read (estimated from the gap)
+    used: bool = True
+    why_not: str | None = None
 
 
 @dataclass
@@ -111,6 +174,11 @@ class _Gpu:
     lost: bool = False  # NVML said "GPU is lost": no more calls on this handle
     failing: bool = False  # the last sample had no successful read at all
     logged: set[str] = field(default_factory=set)  # reads whose error was already recorded
+    periods: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)  # column → probed
+    power_prev: float | None = None  # the previous poll's power_w
+    power_seen_ns: int | None = None  # the poll that first showed the current power_w value
+    power_period_ns: int | None = None  # power_w's probed update period
+    buffer: _Buffer | None = None  # None: the driver's buffer is not offered
 
 
 def _import_pynvml() -> Any:
@@ -132,13 +200,18 @@ class NvidiaBackend(Backend):
     Args:
         nvml: the NVML binding to use; by default the real ``pynvml`` module of nvidia-ml-py.
             Tests pass a stand-in with the same names here, the one place one is injected.
+        probe_s: the longest the update-period probe at open polls (0: no probe, periods unknown).
+        clock_ns, sleep: the wall clock rows are stamped with and the probe's sleep; a test with a
+            stand-in on a fake clock passes that clock's, so nothing waits for real time.
     """
 
     name = "nvidia"
 
-    def __init__(self, nvml: Any | None = None) -> None:
+    def __init__(self, nvml: Any | None = None, *, probe_s: float = PROBE_S,
+                 clock_ns: Callable[[], int] = time.time_ns, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__()
         self.notes: list[str] = []
+        self._clock_ns, self._sleep = clock_ns, sleep
         self._nvml = nvml if nvml is not None else _import_pynvml()
         self._error = getattr(self._nvml, "NVMLError", Exception)
         self._init()
@@ -163,6 +236,10 @@ class NvidiaBackend(Backend):
         if not self._gpus:
             self._shutdown()
             raise BackendUnavailable(f"NVIDIA: none of the {count} GPU(s) could be opened; {_INSTEAD}")
+        self._probe_periods(probe_s)
+        for gpu in self._gpus:
+            self._open_buffer(gpu)
+            self._describe_sensors(gpu)
         self._closed = False
 
     # -- opening ------------------------------------------------------------------------------
@@ -214,6 +291,8 @@ class NvidiaBackend(Backend):
         gpu = _Gpu(index=i, handle=handle, info=info)
         supported = self._probe_fields(gpu)
         supported |= self._probe_readers(gpu, exclude=supported)
+        if "power_w" in supported:
+            supported.add("power_repeat")  # derived from power_w at each poll (module doc)
         info.supported = [f for f in TELEMETRY_FIELDS if f in supported]
         return gpu
 
@@ -336,18 +415,210 @@ class NvidiaBackend(Backend):
         if "power_avg_w" not in exclude:
             # On Ampere and newer this is the 1 s average; on older GPUs the driver's own short average.
             readers.append(_Reader("power_avg_w", [
-                lambda h: {"power_avg_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0}]))
+                lambda h: {"power_avg_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0}], nvml="nvmlDeviceGetPowerUsage"))
         if "energy_j" not in exclude:
             energy_unwrap = Unwrapper(None)
             readers.append(_Reader("energy_j", [
-                lambda h: {"energy_j": energy_unwrap(nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)}]))
+                lambda h: {"energy_j": energy_unwrap(nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)}],
+                nvml="nvmlDeviceGetTotalEnergyConsumption"))
         if "power_limit_w" not in exclude:
             readers.append(_Reader("power_limit_w", [
                 lambda h: {"power_limit_w": nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}]))
         return readers
 
+    # -- what each power reading is: update periods, the driver's buffer ---------------------------
+    def _read_power(self, gpu: _Gpu, slots: list[_Slot]) -> dict[str, Any]:
+        """The raw power readings of ``gpu`` now (column → value), for the probe."""
+        out: dict[str, Any] = {}
+        if slots:
+            success = int(getattr(self._nvml, "NVML_SUCCESS", 0))
+            values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, [(s.field_id, s.scope) for s in slots])
+            for slot, value in zip(slots, values, strict=True):
+                if int(value.nvmlReturn) == success:
+                    out[slot.spec.column] = self._decode(value)
+        for reader in gpu.readers:
+            if reader.label in POWER_COLUMNS and reader.fn is not None:
+                out.update(reader.fn(gpu.handle))
+        return out
+
+    def _probe_periods(self, probe_s: float) -> None:
+        """Poll the power readings of every GPU for at most ``probe_s``; each one's update period is the
+        median time between its changes (module doc). All GPUs share one probe, so it costs
+        ``probe_s`` at most whatever their number."""
+        if probe_s <= 0:
+            return
+        slots = {g.index: [s for s in g.slots if s.spec.column in POWER_COLUMNS] for g in self._gpus}
+        last: dict[tuple[int, str], Any] = {}
+        changes: dict[tuple[int, str], list[int]] = {}
+        t0 = self._clock_ns()
+        polls = 0
+        while True:
+            for gpu in self._gpus:
+                try:
+                    values = self._read_power(gpu, slots[gpu.index])
+                except Exception:
+                    continue  # a failing read is the sampling loop's to report, not the probe's
+                now = self._clock_ns()
+                for col, v in values.items():
+                    key = (gpu.index, col)
+                    if key in last and v != last[key]:
+                        changes.setdefault(key, []).append(now)
+                    last[key] = v
+            polls += 1
+            done = bool(last) and all(len(changes.get(k, ())) >= _PROBE_CHANGES for k in last)
+            if done or self._clock_ns() - t0 >= probe_s * 1e9:
+                break
+            self._sleep(_PROBE_POLL_S)
+        poll_ns = (self._clock_ns() - t0) / max(polls, 1)
+        for gpu in self._gpus:
+            for col in POWER_COLUMNS:
+                ts = changes.get((gpu.index, col), [])
+                if len(ts) < 2:
+                    gpu.periods[col] = (None, None)
+                    continue
+                med = _period(ts)
+                gpu.periods[col] = (round(med / 1e9, 6), "probe_limit" if med <= 1.5 * poll_ns else "probe")
+        log.debug("update periods probed in %d polls: %s", polls, {g.info.device: g.periods for g in self._gpus})
+
+    def _open_buffer(self, gpu: _Gpu) -> None:
+        """Whether the driver's buffer of power samples answers; its depth and sample spacing if it does."""
+        nvml = self._nvml
+        const = getattr(nvml, "NVML_TOTAL_POWER_SAMPLES", None)
+        if const is None or not hasattr(nvml, "nvmlDeviceGetSamples"):
+            gpu.info.properties["power_buffer"] = _buffer_props(None, "this nvidia-ml-py has no nvmlDeviceGetSamples")
+            return
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(gpu.handle, const, 0)
+        except Exception as exc:
+            if _code(exc) != _NOT_FOUND:  # NOT_FOUND: offered, but empty yet
+                gpu.info.properties["power_buffer"] = _buffer_props(None, f"NVML: {_err(exc)}")
+                return
+            samples = []
+        buf = gpu.buffer = _Buffer()
+        stamps = sorted(int(x.timeStamp) for x in samples)
+        if stamps:
+            buf.depth = len(stamps)
+            buf.last_seen_us = stamps[-1]  # what the driver held before the run is not the run's
+            self._map_buffer_clock(buf, stamps[-1])
+        if len(stamps) >= 2:
+            buf.period_us = statistics.median(b - a for a, b in itertools.pairwise(stamps))
+        gpu.info.properties["power_buffer"] = _buffer_props(buf, None)
+
+    def _map_buffer_clock(self, buf: _Buffer, newest_us: int) -> None:
+        """How the driver's stamps map onto CLOCK_REALTIME (module doc), from the newest one's age now."""
+        age = self._clock_ns() // 1000 - newest_us
+        if _BUFFER_AGE_US[0] <= age <= _BUFFER_AGE_US[1]:
+            buf.offset_us, buf.timestamps = 0, "CLOCK_REALTIME µs (NVML's CPU timestamp, read as the rows' clock)"
+        else:
+            buf.offset_us = age
+            buf.timestamps = (f"not CLOCK_REALTIME: shifted by {age / 1e6:+.3f} s, the newest stamp's distance "
+                              "from CLOCK_REALTIME at the first read (error up to one buffer period)")
+
+    def _describe_sensors(self, gpu: _Gpu) -> None:
+        """``properties["sensors"]``: what each power column is (sensor_facts module doc)."""
+        name, cc = gpu.info.name, gpu.info.properties.get("compute_capability")
+        sources = {s.spec.column: s.spec.const for s in gpu.slots if s.spec.column in POWER_COLUMNS}
+        sources |= {r.label: r.nvml for r in gpu.readers if r.label in POWER_COLUMNS and r.label not in sources}
+        sensors: dict[str, Any] = {}
+        for col in POWER_COLUMNS:
+            if col in sources:
+                period, how = gpu.periods.get(col, (None, None))
+                sensors[col] = sensor_facts.describe(sources[col], name, cc, path="polled",
+                                                     update_period_s=period, period_from=how)
+        gpu.info.properties["sensors"] = sensors
+        period = sensors.get("power_w", {}).get("update_period_s")
+        gpu.power_period_ns = round(period * 1e9) if period else None
+        self._sync_buffer(gpu)
+
+    def _sync_buffer(self, gpu: _Gpu) -> None:
+        """Bring the buffer's entries of ``properties`` up to date (depth and spacing grow as it is read)."""
+        buf = gpu.buffer
+        if buf is None:
+            return
+        props = gpu.info.properties
+        props["power_buffer"] = _buffer_props(buf, buf.why_not)
+        sensors = props.setdefault("sensors", {})
+        if buf.used:
+            period = round(buf.period_us / 1e6, 6) if buf.period_us else None
+            sensors[sensor_facts.BUFFER_KEY] = sensor_facts.describe(
+                "nvmlDeviceGetSamples(NVML_TOTAL_POWER_SAMPLES)", gpu.info.name,
+                props.get("compute_capability"), path="buffer", update_period_s=period,
+                period_from="buffer_timestamps" if period else None)
+        else:
+            sensors.pop(sensor_facts.BUFFER_KEY, None)
+
+    def set_power_buffer(self, enabled: bool) -> bool:
+        used = False
+        for gpu in self._gpus:
+            if gpu.buffer is not None:
+                gpu.buffer.used = enabled
+                gpu.buffer.why_not = None if enabled else "turned off (the sampler's power_buffer=False)"
+                used |= enabled
+                self._sync_buffer(gpu)
+        return used
+
+    def power_samples(self, host: str) -> list[dict[str, Any]]:
+        """The driver's power samples since the previous call, every GPU whose buffer is used (module doc)."""
+        rows: list[dict[str, Any]] = []
+        for gpu in self._gpus:
+            if gpu.buffer is not None and gpu.buffer.used and not gpu.lost:
+                rows += self._read_buffer(gpu, gpu.buffer, host)
+        return rows
+
+    def _read_buffer(self, gpu: _Gpu, buf: _Buffer, host: str) -> list[dict[str, Any]]:
+        ask, newest_ok = buf.last_seen_us, None
+        if buf.timestamps is not None:
+            since = self._clock_ns() // 1000 - buf.offset_us - buf.last_seen_us  # on the driver's stamps
+            if buf.period_us and _BUFFER_AGE_US[0] <= since < buf.period_us:
+                return []  # no driver sample can be due yet: save the call (polling faster than it samples)
+            if buf.offset_us == 0:  # stamps on CLOCK_REALTIME (module doc)
+                newest_ok = buf.last_seen_us + since - _BUFFER_AGE_US[0]  # later: taken before a step back
+                if since < _BUFFER_AGE_US[0]:
+                    ask = 0  # the clock stepped back past what was read: NVML would hide what follows
+        try:
+            vtype, samples = self._nvml.nvmlDeviceGetSamples(gpu.handle, self._nvml.NVML_TOTAL_POWER_SAMPLES, ask)
+        except Exception as exc:
+            if _code(exc) != _NOT_FOUND and "power buffer" not in gpu.logged:  # NOT_FOUND: nothing new
+                gpu.logged.add("power buffer")
+                self.incident(gpu.info.device, f"{gpu.info.device}: reading the driver's power buffer failed "
+                                               f"({_err(exc)}); further failures of this read are not logged")
+            return []
+        member = _VALUE_MEMBER.get(int(vtype), ("uiVal", None))[0]
+        new = sorted((int(x.timeStamp), getattr(x.sampleValue, member, None)) for x in samples
+                     if int(x.timeStamp) > ask and (newest_ok is None or int(x.timeStamp) <= newest_ok))
+        if not new:
+            return []
+        if buf.timestamps is None:
+            self._map_buffer_clock(buf, new[-1][0])
+        if buf.period_us is None and len(new) >= 2:
+            buf.period_us = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(new))
+        self._check_overrun(gpu, buf, new[0][0], len(samples))
+        buf.depth = max(buf.depth or 0, len(samples))
+        buf.last_seen_us = new[-1][0]
+        dev = gpu.info.device
+        return [{"t_ns": (ts + buf.offset_us) * 1000, "host": host, "device": dev,
+                 "power_w": float(v) * 1e-3 if v is not None else None} for ts, v in new]
+
+    def _check_overrun(self, gpu: _Gpu, buf: _Buffer, oldest_new_us: int, returned: int) -> None:
+        """A full ring whose oldest sample is more than a period after the last one read: the driver
+        overwrote samples before this read (the sampler read it less often than depth × period)."""
+        if not (buf.last_seen_us and buf.period_us and buf.depth and returned >= buf.depth):
+            return
+        gap = oldest_new_us - buf.last_seen_us
+        if gap <= 1.5 * buf.period_us:
+            return
+        lost = round(gap / buf.period_us) - 1
+        buf.lost += lost
+        if "power buffer overrun" not in gpu.logged:
+            gpu.logged.add("power buffer overrun")
+            self.incident(gpu.info.device, f"{gpu.info.device}: the driver's power buffer overran between two "
+                                           f"reads (~{lost} samples lost); later losses are counted in "
+                                           "power_buffer.samples_lost")
+
     # -- sampling -----------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
+        for gpu in self._gpus:
+            self._sync_buffer(gpu)
         return [g.info for g in self._gpus]
 
     def sample(self, host: str) -> list[dict[str, Any]]:
@@ -360,7 +631,7 @@ class NvidiaBackend(Backend):
         return getattr(value.value, member, None)
 
     def _sample_gpu(self, gpu: _Gpu, host: str) -> dict[str, Any]:
-        row = empty_telemetry_row(time.time_ns(), host, gpu.info.device)
+        row = empty_telemetry_row(self._clock_ns(), host, gpu.info.device)
         if gpu.lost:
             return row
         errors: dict[str, str] = {}  # read label → error text
@@ -388,7 +659,24 @@ class NvidiaBackend(Backend):
             for key, v in values.items():
                 row[key] = int(v) if key in _INT_COLUMNS and v is not None else v
         self._account(gpu, row, errors, ok, lost)
+        self._mark_repeat(gpu, row)
         return row
+
+    def _mark_repeat(self, gpu: _Gpu, row: dict[str, Any]) -> None:
+        """``power_repeat`` of this row (the rule is in the module doc)."""
+        v, t = row["power_w"], int(row["t_ns"])
+        if v is None:
+            gpu.power_prev = gpu.power_seen_ns = None
+            return
+        if gpu.power_prev is not None and v == gpu.power_prev and gpu.power_seen_ns is not None:
+            if gpu.power_period_ns is None:
+                row["power_repeat"] = None  # equal, and no measured period to say whether it was refreshed
+                return
+            if t - gpu.power_seen_ns < gpu.power_period_ns:
+                row["power_repeat"] = True
+                return
+        row["power_repeat"] = False
+        gpu.power_prev, gpu.power_seen_ns = v, t
 
     def _apply_fields(self, gpu: _Gpu, values: Any, row: dict[str, Any], errors: dict[str, str]) -> int:
         success = int(getattr(self._nvml, "NVML_SUCCESS", 0))
@@ -458,6 +746,35 @@ _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 # Field return codes that mean "this GPU/driver does not offer it" (INVALID_ARGUMENT: a link index
 # beyond the GPU's links, or a field id the driver predates), as opposed to a read that failed.
 _NOT_OFFERED = {2, 3, 13}  # NVML_ERROR_INVALID_ARGUMENT, _NOT_SUPPORTED, _FUNCTION_NOT_FOUND
+
+
+_NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: nvmlDeviceGetSamples has nothing newer than lastSeenTimeStamp
+
+
+def _code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _period(changes_ns: list[int]) -> float:
+    """The update period from the times a value was seen to change: the median of the shortest intervals
+    (within 1.5 × the shortest). A refresh that read the same value again makes an interval of two or
+    more periods, which a plain median would take for the period."""
+    gaps = [b - a for a, b in itertools.pairwise(changes_ns)]
+    shortest = min(gaps)
+    return float(statistics.median(g for g in gaps if g <= 1.5 * shortest))
+
+
+def _buffer_props(buf: _Buffer | None, why_not: str | None) -> dict[str, Any]:
+    """``properties["power_buffer"]`` (module doc)."""
+    return {
+        "used": buf is not None and buf.used,
+        "depth": buf.depth if buf is not None else None,
+        "update_period_s": round(buf.period_us / 1e6, 6) if buf is not None and buf.period_us else None,
+        "timestamps": buf.timestamps if buf is not None else None,
+        "samples_lost": buf.lost if buf is not None else 0,
+        "why_not": why_not,
+    }
 
 
 def _is_lost(exc: BaseException) -> bool:

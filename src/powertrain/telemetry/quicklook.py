@@ -13,10 +13,11 @@ from typing import Any
 
 import duckdb
 
-from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS
+from powertrain.schema import COUNTER_FIELDS, FLAG_FIELDS, TELEMETRY_FIELDS
 
-# Fields worth a mean/peak line, in display order (counters are shown as totals instead).
-LEVEL_FIELDS = [f for f in TELEMETRY_FIELDS if f not in COUNTER_FIELDS and f != "throttle"]
+# Fields worth a mean/peak line, in display order (counters are shown as totals instead; a flag such as
+# power_repeat is about another reading, not a level).
+LEVEL_FIELDS = [f for f in TELEMETRY_FIELDS if f not in COUNTER_FIELDS and f != "throttle" and f not in FLAG_FIELDS]
 
 
 def _select(fields: set[str]) -> str:

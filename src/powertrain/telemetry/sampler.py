@@ -17,6 +17,15 @@ as 24 × the energy). Each sample whose wall clock reads earlier than the previo
 (``meta.json`` ``clock.steps_back``, ``stepped_back_s``), and ``wall_minus_sampler_ns`` says how far the
 system clock ended from the sampler's (NTP slews both clocks alike, so only steps show there).
 
+Where a backend's driver keeps its own buffer of power samples (NVIDIA: ``nvmlDeviceGetSamples``), the
+sampler reads it once per tick (:meth:`Backend.power_samples`) and streams those samples to a second
+file per host, ``<run>/telemetry/power-samples/<host>.parquet`` (:class:`PowerSamplesFile`,
+``POWER_SAMPLES_SCHEMA``), their stamps moved onto the sampler's clock as the rows' are. ``power_buffer=
+False`` turns that path off (recorded per device in ``properties["power_buffer"]``). ``meta.json``
+``power_repeat`` counts, per device, the fresh and repeated ``power_w`` readings (``power_repeat``,
+telemetry.nvidia module doc) and the effective rate of fresh ones, which is what a rate above the
+driver's update period really achieved.
+
 The loop stops on :meth:`Sampler.stop` and by itself when the process that started it disappears
 (so an orphaned sampler never runs forever). When a sink cannot write (a full disk, an I/O error) the
 sampler stops sampling with the reason (``stop_reason`` starting with :data:`WRITE_FAILED`) rather than
@@ -36,10 +45,10 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from powertrain.core.sampling import check_rate_hz
-from powertrain.schema import TELEMETRY_SCHEMA, empty_telemetry_row
+from powertrain.schema import POWER_SAMPLES_SCHEMA, TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.reserve import SAMPLER_RESERVE_BYTES, hold_space, release_space, reserve_path
-from powertrain.store.rundir import RunDir, default_host, write_json_atomic
-from powertrain.store.tables import StreamingTableWriter
+from powertrain.store.rundir import RunDir, default_host, make_dir, write_json_atomic
+from powertrain.store.tables import StreamingTableWriter, power_samples_base
 from powertrain.telemetry.backend import Backend
 from powertrain.telemetry.clock import DEFAULT_RATE_HZ, clock_info
 
@@ -63,12 +72,10 @@ class SampleSink(Protocol):
         """Sampling ended: flush and release what the sink holds."""
 
 
-class TelemetryFile:
-    """The run directory's telemetry of one host, ``<run>/telemetry/<host>.parquet`` (crash-safe)."""
+class _StreamSink:
+    """A sink that streams rows to one crash-safe Parquet stream (``self.writer``)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], host: str, flush_s: float = 1.0) -> None:
-        self.writer = StreamingTableWriter(RunDir(run_dir).telemetry_file(host).with_suffix(""), TELEMETRY_SCHEMA,
-                                           flush_s=flush_s)  # telemetry_file: the host is checked as a name
+    writer: StreamingTableWriter
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         self.writer.append(rows)
@@ -80,11 +87,37 @@ class TelemetryFile:
         self.writer.close()
 
 
+class TelemetryFile(_StreamSink):
+    """The run directory's telemetry of one host, ``<run>/telemetry/<host>.parquet`` (crash-safe)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], host: str, flush_s: float = 1.0) -> None:
+        self.writer = StreamingTableWriter(RunDir(run_dir).telemetry_file(host).with_suffix(""), TELEMETRY_SCHEMA,
+                                           flush_s=flush_s)  # telemetry_file: the host is checked as a name
+
+
+class PowerSamplesFile(_StreamSink):
+    """The driver's buffered power samples of one host, ``<run>/telemetry/power-samples/<host>.parquet``
+    (crash-safe like :class:`TelemetryFile`)."""
+
+    # A driver may keep a sample every 10 ms: 800 rows a second from 8 GPUs, 4 × the telemetry rows. Each
+    # flush rewrites the current segment, so its segments are kept shorter (5 s, not 15 s) to keep that
+    # rewrite small: at 15 s it was most of what the buffer path cost (benchmarks/sampler_buffer_cost.py).
+    SEGMENT_S = 5.0
+
+    def __init__(self, run_dir: str | os.PathLike[str], host: str, flush_s: float = 1.0) -> None:
+        base = power_samples_base(run_dir, host)
+        make_dir(base.parent)  # the folder gets the run directory's mode policy
+        self.path = base.with_name(base.name + ".parquet")
+        self.writer = StreamingTableWriter(base, POWER_SAMPLES_SCHEMA, flush_s=flush_s, segment_s=self.SEGMENT_S)
+
+
 class Sampler:
     """Samples the given backends into its sinks until :meth:`stop` is called.
 
     ``sinks`` default to the run directory's :class:`TelemetryFile` of ``host``; ``meta`` entries are
     added to ``<host>.meta.json`` (what the composing entry point wants recorded about its sinks).
+    ``power_buffer``: read the drivers' buffered power samples into :class:`PowerSamplesFile` where a
+    backend offers them (module doc).
     """
 
     def __init__(
@@ -100,6 +133,7 @@ class Sampler:
         sinks: Sequence[SampleSink] | None = None,
         meta: Mapping[str, Any] | None = None,
         clocks: tuple[Callable[[], int], Callable[[], int]] = (time.time_ns, time.monotonic_ns),
+        power_buffer: bool = True,
     ) -> None:
         check_rate_hz(rate_hz)
         self.rundir = RunDir(run_dir).create()
@@ -128,6 +162,11 @@ class Sampler:
         self.steps_back = 0
         self.stepped_back_ns = 0
         self.wall_offset_ns = 0  # system wall clock minus the sampler's, at the last sample
+        # a backend that predates the buffer API (a test's own) has none
+        used = [getattr(b, "set_power_buffer", lambda _on: False)(power_buffer) for b in backends]
+        self.power_file = PowerSamplesFile(self.rundir.path, self.host, flush_s) if any(used) else None
+        self.power_rows = 0
+        self._fresh: dict[str, list[int]] = {}  # device → [fresh, repeat, unknown] power_w readings
 
     def stop(self, reason: str = "stopped") -> None:
         self.stop_reason = reason
@@ -157,10 +196,40 @@ class Sampler:
                       "steps_back": self.steps_back, "stepped_back_s": self.stepped_back_ns / 1e9,
                       "wall_minus_sampler_ns": self.wall_offset_ns},
             "incidents": [i.to_dict() for b in self.backends for i in b.incidents],
+            "power_samples": ({"stream": str(self.power_file.path.relative_to(self.rundir.path)),
+                               "rows": self.power_rows} if self.power_file is not None else None),
+            "power_repeat": self._fresh_meta(duration),
             "finished": final,
             "stop_reason": self.stop_reason if final else None,
             **self.extra_meta,
         }
+
+    def _fresh_meta(self, duration_s: float | None) -> dict[str, Any]:
+        """Per device: fresh, repeated and unclassified power_w readings, and the effective rate of fresh
+        ones (null unless every reading was classified)."""
+        out = {}
+        for dev, (fresh, repeat, unknown) in self._fresh.items():
+            rate = fresh / duration_s if duration_s and not unknown else None
+            out[dev] = {"fresh": fresh, "repeat": repeat, "unknown": unknown, "rate_hz_effective": rate}
+        return out
+
+    def _count_fresh(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            if r.get("power_w") is None:
+                continue
+            counts = self._fresh.setdefault(r["device"], [0, 0, 0])
+            rep = r.get("power_repeat")
+            counts[0 if rep is False else 1 if rep is True else 2] += 1
+
+    def _power_samples(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for backend in self.backends:
+            try:
+                rows.extend(backend.power_samples(self.host))
+            except Exception as exc:  # as for sample(): one backend's bug stops nothing else
+                backend.incident("*", f"{backend.name} power samples failed: {exc!r}")
+                log.warning("%s backend failed to read its power samples: %r", backend.name, exc)
+        return rows
 
     def _sampler_now(self) -> tuple[int, int]:
         """(the system wall clock, the sampler's own: its start's wall clock + monotonic time since) now;
@@ -185,20 +254,25 @@ class Sampler:
             except Exception as exc:  # a backend bug must not end the measurement of the others
                 backend.incident("*", f"{backend.name} sample failed: {exc!r}")
                 log.warning("%s backend failed to sample: %r", backend.name, exc)
+        power = self._power_samples() if self.power_file is not None else []
         # the backends stamp on the system clock: move each row onto the sampler's own. Under 1 ms the two
         # differ only by the time between reading them (no step happened): the rows keep their stamps,
         # which are then the ranks' clock exactly (a sample period is far longer, so nothing reorders)
         shift = own - wall
         if abs(shift) >= STEP_TOLERANCE_NS:
-            for r in rows:
+            for r in (*rows, *power):
                 if r.get("t_ns") is not None:
                     r["t_ns"] = int(r["t_ns"]) + shift
         if rows:
             t = rows[0]["t_ns"]
             self.t_first_ns = self.t_first_ns or t
             self.t_last_ns = t
+        self._count_fresh(rows)
         for sink in self.sinks:
             sink.write(rows)
+        if power and self.power_file is not None:
+            self.power_file.write(power)
+            self.power_rows += len(power)
         self.samples += 1
 
     def run(self) -> None:
@@ -265,7 +339,7 @@ class Sampler:
         log.error("%s; sampling stops (telemetry kept up to the last flush)", self.stop_reason)
 
     def _close_sinks(self) -> None:
-        for sink in self.sinks:
+        for sink in [*self.sinks, *([self.power_file] if self.power_file is not None else [])]:
             try:
                 sink.close()
             except OSError as exc:  # e.g. the compaction on a full disk: the segments stay readable
@@ -277,6 +351,8 @@ class Sampler:
     def _flush_sinks(self) -> bool:
         """Let every sink flush if due; whether any did."""
         flushed = [sink.maybe_flush() for sink in self.sinks]
+        if self.power_file is not None:
+            self.power_file.maybe_flush()  # its own schedule; the periodic checks follow the rows' flush
         return any(flushed)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from powertrain.analyze import telemetry as tel
 from powertrain.analyze.events import RunEvents
-from powertrain.schema import COUNTER_FIELDS, EVENTS_SCHEMA, TELEMETRY_FIELDS
+from powertrain.schema import COUNTER_FIELDS, EVENTS_SCHEMA, FLAG_FIELDS, TELEMETRY_FIELDS
 from powertrain.store.leftovers import remove_stale
 from powertrain.store.rundir import RunDir, file_mode
 from powertrain.store.targets import check_output_file
@@ -82,7 +82,7 @@ def trace_events(run_dir: str | Path, max_points: int = 20_000) -> Iterator[dict
 
 def _counters(con: duckdb.DuckDBPyConnection, t0: int, sp: tuple[int, int], max_points: int
               ) -> Iterator[dict[str, Any]]:
-    fields = list(TELEMETRY_FIELDS)
+    fields = [f for f in TELEMETRY_FIELDS if f not in FLAG_FIELDS]  # a flag is no counter track
     counts = con.execute("SELECT " + ", ".join(f"count({f})" for f in fields) + " FROM tel").fetchall()[0]
     present = [f for f, c in zip(fields, counts, strict=True) if c]
     keys = con.execute("SELECT DISTINCT host, device FROM tel ORDER BY host, device").fetchall()
