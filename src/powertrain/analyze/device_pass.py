@@ -9,7 +9,13 @@ what the next chunk needs: its last row, running sums, the energy streams' edge 
 second of temperature and the tails of its power distribution, and — for the devices asked — the stream of its
 power spectrum (:class:`powertrain.analyze.signal.OscillationStream`). Memory is bounded by one
 chunk, not by the run's length (what still grows, by design small, is per device one temperature
-mean per second — 16 bytes — and the two 1 % power tails — 16 bytes per 100 samples).
+mean per second — 16 bytes —, the two 1 % power tails — 16 bytes per 100 samples — and one offset
+per measured step, 8 bytes).
+
+Power readings the sampler marked as repeats of the driver's last value (``power_repeat`` True) are
+not samples: the quantiles, the spectrum, the steepest ramp and the sample intervals skip them
+(:class:`_Samples`); the energy integral takes every reading (a held value is the sensor's output
+while it is held). Where the column is absent or null every reading is a sample, as before it existed.
 
 Every sum is added in time order, carried from chunk to chunk (``np.cumsum`` is sequential), so the
 figures are those of one whole-series pass to the last bit, whatever the chunk size.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +41,7 @@ from powertrain.core.energy import CounterStream, Intervals, PowerStream, overla
 PASS_CHUNK_ROWS = 1 << 17  # rows (all devices) per query of the pass
 GAP_FACTOR = 2.5
 INTEGRATED = ("power_w",)
+REPEAT = "power_repeat"  # True on a power reading that repeats the driver's last value (telemetry.REPEAT)
 QUANTILES = (("p99", 0.99), ("p01", 0.01))  # of power_w in the window, per device
 
 
@@ -115,6 +123,75 @@ class Plan:
     # median interval of its readings (the period of its gap limit, rule 4)
     relived: dict[tuple[str, str], Intervals] = field(default_factory=dict)
     gap_periods: dict[tuple[str, str], float | None] = field(default_factory=dict)
+    # the measured steps' starts, sorted: per device, the offset of its first power sample after each
+    # (analyze.coverage: at which phase of the steps the samples land)
+    step_starts: np.ndarray | None = None
+
+
+@dataclass
+class _Samples:
+    """One device's power samples (its rows not marked as repeats, :data:`REPEAT`), in time order and
+    carried from chunk to chunk: the steepest ramp between consecutive ones inside the window, the
+    intervals between consecutive in-window samples with a reading (their median: the field's update
+    period where the sampler marks repeats), and per measured step the offset of the first sample with
+    a reading at or after its start (``Plan.step_starts``; one integer per step)."""
+
+    plan: Plan
+    last: tuple[int, float] | None = None  # the previous row of the samples (its power may be unknown)
+    last_in: int | None = None  # time of the previous in-window sample with a reading
+    intervals_us: Counter[int] = field(default_factory=Counter)  # interval (µs, rounded) -> how often
+    next_step: int = 0  # first step whose sample is not found yet
+    phases: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, ts: np.ndarray, p: np.ndarray, ramp: float) -> float:
+        """The next samples (times after every sample added before); returns the steepest ramp so far."""
+        w0, w1 = self.plan.w0, self.plan.w1
+        t, v = ts, p
+        if self.last is not None:
+            t, v = np.concatenate([[self.last[0]], ts]), np.concatenate([[self.last[1]], p])
+        if ts.size:
+            self.last = (int(ts[-1]), float(p[-1]))
+        if t.size >= 2:
+            t0, t1, v0, v1 = t[:-1], t[1:], v[:-1], v[1:]
+            sel = (t1 > t0) & (t0 >= w0) & (t1 <= w1) & ~np.isnan(v0) & ~np.isnan(v1)
+            if sel.any():
+                dt = (t1 - t0).astype(np.float64)
+                ramp = max(ramp, float((np.abs(v1 - v0) / (np.where(dt > 0, dt, 1.0) / 1e9))[sel].max()))
+        read = ts[~np.isnan(p)]
+        inside = read[(read >= w0) & (read <= w1)]
+        if inside.size:
+            d = np.diff(inside if self.last_in is None else np.concatenate([[self.last_in], inside]))
+            vals, counts = np.unique(np.rint(d[d > 0] / 1e3).astype(np.int64), return_counts=True)
+            self.intervals_us.update(dict(zip(vals.tolist(), counts.tolist(), strict=True)))
+            self.last_in = int(inside[-1])
+        self._phases(read)
+        return ramp
+
+    def _phases(self, read: np.ndarray) -> None:
+        starts = self.plan.step_starts
+        if starts is None or self.next_step >= starts.size or not read.size:
+            return
+        todo = starts[self.next_step:]
+        idx = np.searchsorted(read, todo, side="left")
+        found = int(np.count_nonzero(idx < read.size))  # a prefix: the starts are sorted
+        if found:
+            self.phases.append(read[idx[:found]] - todo[:found])
+            self.next_step += found
+
+    def median_interval_s(self) -> float | None:
+        """The median interval between consecutive in-window samples, to the µs (None: fewer than two)."""
+        total = sum(self.intervals_us.values())
+        seen = 0
+        for us in sorted(self.intervals_us):
+            seen += self.intervals_us[us]
+            if 2 * seen >= total:
+                return us / 1e6
+        return None
+
+    def step_phases(self) -> np.ndarray | None:
+        if self.plan.step_starts is None:
+            return None
+        return np.concatenate(self.phases) if self.phases else np.zeros(0, dtype=np.int64)
 
 
 class _Device:
@@ -129,6 +206,7 @@ class _Device:
         self.maxint = -np.inf
         self.gaps, self.gap_s, self.ngap = 0, 0.0, 0
         self.ramp: dict[str, float] = {f: -np.inf for f in plan.seg_fields if f in INTEGRATED}
+        self.sample = _Samples(plan) if "power_w" in plan.seg_fields else None
         self.delta: dict[str, list[Any]] = {f: [0.0, 0, 0.0, 0] for f in plan.seg_fields if f not in INTEGRATED}
         self.steady: list[tuple[np.ndarray, np.ndarray]] = []
         self.relived = plan.relived.get(key)
@@ -149,13 +227,17 @@ class _Device:
         if self.plan.steady_field is not None:
             self._steady(ts, cols[self.plan.steady_field])
         self._energy(ts, cols)
-        if self.quantiles:
-            p = cols["power_w"]
-            sel = (ts >= self.plan.w0) & (ts <= self.plan.w1) & ~np.isnan(p)
+        if self.sample is not None:
+            # a reading marked as a repeat of the driver's last value is not a sample: quantiles, the
+            # spectrum, the ramp and the intervals see the others (fresh, or not marked either way)
+            fresh = cols[REPEAT] != 1.0 if REPEAT in cols else np.ones(ts.size, dtype=bool)
+            ts_f, p = ts[fresh], cols["power_w"][fresh]
+            self.ramp["power_w"] = self.sample.add(ts_f, p, self.ramp["power_w"])
+            sel = (ts_f >= self.plan.w0) & (ts_f <= self.plan.w1) & ~np.isnan(p)
             for qt in self.quantiles.values():
                 qt.tail.add(p[sel])
             if self.osc is not None:
-                self.osc.add(ts[sel], p[sel])
+                self.osc.add(ts_f[sel], p[sel])
         self.last_t = int(ts[-1])
         self.last_v = {f: float(cols[f][-1]) for f in self.plan.seg_fields}
 
@@ -186,16 +268,13 @@ class _Device:
             v = cols[f] if self.last_t is None else np.concatenate([[self.last_v[f]], cols[f]])
             v0, v1 = v[:-1], v[1:]
             ok = valid & ~np.isnan(v0) & ~np.isnan(v1)
-            if f in INTEGRATED:  # its integral is core.energy's; here only the steepest ramp
-                sel = ok & inside
-                if sel.any():
-                    self.ramp[f] = max(self.ramp[f], float((np.abs(v1 - v0) / (safe_dt / 1e9))[sel].max()))
-            else:
-                d = v1 - v0
-                okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
-                acc = self.delta[f]
-                acc[0], acc[1] = _seq(acc[0], (d * clip / safe_dt)[okc]), acc[1] + int(okc.sum())
-                acc[2], acc[3] = _seq(acc[2], (clip / 1e9)[ok]), acc[3] + int(ok.sum())
+            if f in INTEGRATED:  # its integral is core.energy's, its ramp is between samples (_Samples)
+                continue
+            d = v1 - v0
+            okc = ok & (d >= 0)  # a negative step is a counter reset: it contributes nothing
+            acc = self.delta[f]
+            acc[0], acc[1] = _seq(acc[0], (d * clip / safe_dt)[okc]), acc[1] + int(okc.sum())
+            acc[2], acc[3] = _seq(acc[2], (clip / 1e9)[ok]), acc[3] + int(ok.sum())
 
     def _steady(self, ts: np.ndarray, v: np.ndarray) -> None:
         """1 s means (chunks hold whole seconds, so no second is split between two of them)."""
@@ -258,6 +337,9 @@ class _Device:
             out["energy_counter"] = self.counter.energy()
         for name, qt in self.quantiles.items():
             out[f"power_w_{name}"] = qt.value()
+        if self.sample is not None:
+            out["power_w_sample_period_s"] = self.sample.median_interval_s()
+            out["power_w_step_phase_ns"] = self.sample.step_phases()
         if self.osc is not None:
             out["power_osc"] = self.osc.result()
         return out
@@ -283,7 +365,8 @@ def run_pass(con: duckdb.DuckDBPyConnection, name: str, plan: Plan, t_lo: int | 
              ) -> dict[tuple[str, str], dict[str, Any]]:
     """Every device's row of pass figures over the view's rows in [t_lo, t_hi] (all when not given)."""
     cols = ["t_ns", "host", "device", *dict.fromkeys([*plan.seg_fields, *plan.energy_fields,
-                                                     *([plan.steady_field] if plan.steady_field else [])])]
+                                                     *([plan.steady_field] if plan.steady_field else []),
+                                                     *([REPEAT] if "power_w" in plan.seg_fields else [])])]
     win = f" AND t_ns BETWEEN {int(t_lo)} AND {int(t_hi)}" if t_lo is not None and t_hi is not None else ""
     devices: dict[tuple[str, str], _Device] = {}
     for lo, hi in time_chunks(con, name, t_lo, t_hi):

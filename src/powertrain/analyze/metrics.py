@@ -56,10 +56,10 @@ METRICS: list[Metric] = [
        "higher"),
     # power
     _M("power_mean_w", "W", "per device energy over the window / its seconds, averaged over devices"),
-    _M("power_peak_w", "W", "highest power_w sample of any device", "lower"),
-    _M("power_p99_w", "W", "99th percentile of all power_w samples of all devices", "lower"),
+    _M("power_peak_w", "W", "highest power sample of any device: the driver's buffered samples where read, else the polled power_w", "lower"),
+    _M("power_p99_w", "W", "99th percentile of all power_w samples of all devices (repeats skipped)", "lower"),
     _M("power_peak_to_mean", "", "highest per-device (peak / mean power)", "lower"),
-    _M("power_ramp_max_w_per_s", "W/s", "fastest change of power_w between consecutive samples, any device", "lower"),
+    _M("power_ramp_max_w_per_s", "W/s", "fastest change of power_w between consecutive samples (repeats skipped), any device", "lower"),
     _M("power_osc_freq_hz", "Hz", "dominant frequency of the device-mean power signal (FFT, DC removed)"),
     _M("power_osc_amp_w", "W", "amplitude (half peak-to-peak of the sine) at that frequency", "lower"),
     _M("power_above_90pct_limit_share", "", "share of samples with power_w ≥ 0.9 × power_limit_w, all devices",

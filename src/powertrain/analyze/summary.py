@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from powertrain.analyze import steps, views
+from powertrain.analyze import coverage, steps, views
 from powertrain.analyze.families import (
     Family,
     RunContext,
@@ -44,9 +44,11 @@ from powertrain.analyze.metrics import METRIC_NAMES
 from powertrain.store.rundir import RunDir, read_json, write_json_atomic
 from powertrain.store.validate import check_run
 
-# /2: energy from core.energy over the run's window, summary["window"] = {t0_ns, t1_ns, source, seconds}; a
-# summary.json of an older schema is recomputed by load_summary.
-SUMMARY_SCHEMA = "powertrain.summary/2"
+# /2: energy from core.energy over the run's window, summary["window"] = {t0_ns, t1_ns, source, seconds};
+# /3: sources.power, data_quality.coverage and .energy_check, data_quality.devices[].power (what each power
+# figure was read from, at what rate, and what it cannot resolve). A summary.json of an older schema is
+# recomputed by load_summary.
+SUMMARY_SCHEMA = "powertrain.summary/3"
 log = logging.getLogger(__name__)
 
 OOM_PATTERN = re.compile(
@@ -155,7 +157,8 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
         "why_null": {k: v for k, v in why.items() if metrics.get(k) is None},
         "window": {**ctx.window, "measured_steps": ctx.sd.n if ctx.sd is not None else 0},
         "sources": {"model_flops": work.flops_source, "peak_flops": work.peak_source, "energy": energy.source,
-                    "devices_counted": "accelerators" if ctx.accel else "host"},
+                    "devices_counted": "accelerators" if ctx.accel else "host",
+                    "power": coverage.power_sources(ctx, energy.source)},
         "per_device": per_device,
         "per_node": per_node,
         "per_step": views.per_step(ctx.sd, power),
@@ -176,10 +179,23 @@ def _measured_summary(ctx: RunContext, status: str, probe_cpu_peak: bool) -> dic
     }
     if power.per_step_why:
         notes.append(f"per-step energy: {power.per_step_why}")
+    _power_quality(summary["data_quality"], ctx, energy.check, notes)
     for k in METRIC_NAMES:  # every null metric says why
         if metrics[k] is None and k not in summary["why_null"]:
             summary["why_null"][k] = ctx.no_tel or "not measured in this run"
     return summary
+
+
+def _power_quality(dq: dict[str, Any], ctx: RunContext, check: dict[str, Any] | None, notes: list[str]) -> None:
+    """Each device's power field and sampling (``devices[].power``), the coverage of the steps by the power
+    fields (``coverage``, its warnings also in ``notes``) and the energy counter against ∫power (``energy_check``)."""
+    by_key = {(s["host"], s["device"]): s for s in ctx.dev_stats}
+    for row in dq["devices"]:
+        s = by_key.get((row["host"], row["device"]))
+        row["power"] = coverage.device_power(ctx, s) if s is not None else None
+    dq["coverage"] = coverage.coverage(ctx)
+    notes += dq["coverage"]["warnings"]
+    dq["energy_check"] = check
 
 
 def window_text(summary: dict[str, Any]) -> str:

@@ -14,6 +14,15 @@ Signals, per device ``d`` (global index ``g``) at time ``t`` (seconds since the 
   throttled (``POWER_CAP``) in the first ``throttle_share[g]`` of every second;
 * ``link_tx_bytes`` grows at ``link_bps`` bytes per second; ``power_limit_w`` is constant if given.
 
+A sensor that is not a true meter (issue 30): with ``refresh_hz`` the driver refreshes ``power_w`` only
+at ``k / refresh_hz`` and every reading in between repeats the last value; with ``window_s`` the value
+is the mean of the true power over the ``window_s`` before the refresh (a sensor that averages 25 ms of
+every 100 ms). ``repeats`` says what the ``power_repeat`` column holds: ``"marked"`` True on a reading
+that repeats the last refresh and False on a fresh one, ``"unknown"`` null, ``"absent"`` no column at
+all (a file written before it existed). ``counter_scale`` multiplies the energy counter (a counter
+that disagrees with ∫power). ``buffer_hz`` (:func:`write_run`) writes the driver's buffered samples of
+the true power at that rate (:func:`power_samples_table`) to ``telemetry/power-samples/<host>.parquet``.
+
 Step events: ``warmup`` then ``steps`` measured steps per rank, back to back, each ``step_s``
 long (rank ``r`` adds ``straggle_s · r``), ``tokens_per_rank`` tokens each. :func:`step_events` lays
 out the same rows with numpy, a chunk of steps at a time, for long runs (``benchmarks/memory_scaling.py``).
@@ -34,6 +43,8 @@ from powertrain.schema import EVENTS_SCHEMA, TELEMETRY_FIELDS, TELEMETRY_SCHEMA,
 from powertrain.store.rundir import RunDir
 
 T0_NS = 1_700_000_000_000_000_000
+REPEAT = "power_repeat"
+POWER_SAMPLE_KEYS = ("base_w", "amp_w", "freq_hz", "power_step_w")  # the signal the buffer samples
 
 
 def _null_col(n: int, typ: pa.DataType) -> pa.Array:
@@ -60,19 +71,29 @@ def telemetry_table(
     energy_counter: bool = True,
     power_limit_w: float | None = None,
     fields: Sequence[str] | None = None,
+    refresh_hz: float | None = None,
+    window_s: float | None = None,
+    repeats: str = "unknown",
+    counter_scale: float = 1.0,
 ) -> pa.Table:
     """Telemetry rows of one host (see module doc); ``fields`` limits which fields are non-null."""
+    if repeats not in ("marked", "unknown", "absent"):
+        raise ValueError(f"repeats must be marked, unknown or absent, got {repeats!r}")
     n = round(duration_s * rate_hz) + 1
     t_s = np.arange(n) / rate_hz
     t_ns = t0_ns + np.round(t_s * 1e9).astype(np.int64)
     shares = throttle_share if isinstance(throttle_share, Sequence) else [throttle_share] * (first_index + len(devices))
-    cols: dict[str, list[pa.Array]] = {k: [] for k in TELEMETRY_SCHEMA.names}
+    cols: dict[str, list[pa.Array]] = {k: [] for k in [*TELEMETRY_SCHEMA.names, REPEAT]}
     w = 2 * math.pi * freq_hz
+    # the refresh each reading shows (its index and time): every reading is one where the driver refreshes at once
+    refresh = np.floor(t_s * refresh_hz + 1e-9) if refresh_hz else np.arange(n, dtype=np.float64)
+    t_seen = refresh / refresh_hz if refresh_hz else t_s
+    fresh = np.r_[True, refresh[1:] != refresh[:-1]]
     for i, dev in enumerate(devices):
         g = first_index + i
         base = base_w + power_step_w * g
-        p = base + amp_w * np.sin(w * t_s)
-        e = base * t_s + (amp_w / w) * (1 - np.cos(w * t_s)) if freq_hz > 0 else base * t_s
+        p = _sensed(base, amp_w, freq_hz, t_seen, window_s)
+        e = (base * t_s + (amp_w / w) * (1 - np.cos(w * t_s)) if freq_hz > 0 else base * t_s) * counter_scale
         frac = t_s - np.floor(t_s)
         throttled = frac < shares[g] - 1e-12
         values: dict[str, np.ndarray] = {
@@ -96,8 +117,45 @@ def telemetry_table(
         cols["host"].append(pa.array([host] * n, pa.string()))
         cols["device"].append(pa.array([dev] * n, pa.string()))
         for f, typ in TELEMETRY_FIELDS.items():
-            cols[f].append(pa.array(values[f], typ) if f in values else _null_col(n, typ))
-    return pa.table({k: pa.concat_arrays(v) for k, v in cols.items()}, schema=TELEMETRY_SCHEMA)
+            if f != REPEAT:
+                cols[f].append(pa.array(values[f], typ) if f in values else _null_col(n, typ))
+        marks = ~fresh if repeats == "marked" and "power_w" in values else None
+        cols[REPEAT].append(pa.array(marks, pa.bool_()) if marks is not None else _null_col(n, pa.bool_()))
+    table = pa.table({k: pa.concat_arrays(v) for k, v in cols.items() if k in TELEMETRY_SCHEMA.names},
+                     schema=TELEMETRY_SCHEMA)
+    if REPEAT in TELEMETRY_SCHEMA.names:
+        table = table.set_column(TELEMETRY_SCHEMA.get_field_index(REPEAT), REPEAT, pa.concat_arrays(cols[REPEAT]))
+    elif repeats != "absent":
+        table = table.append_column(pa.field(REPEAT, pa.bool_()), pa.concat_arrays(cols[REPEAT]))
+    return table.drop_columns([REPEAT]) if repeats == "absent" and REPEAT in table.column_names else table
+
+
+def _sensed(base: float, amp_w: float, freq_hz: float, t_s: np.ndarray, window_s: float | None) -> np.ndarray:
+    """``base + amp_w · sin(2π·freq_hz·t)`` at ``t_s``, or its mean over the ``window_s`` before each time."""
+    w = 2 * math.pi * freq_hz
+    if not window_s or freq_hz <= 0:
+        return base + amp_w * np.sin(w * t_s)
+    mean: np.ndarray = base + amp_w * (np.cos(w * (t_s - window_s)) - np.cos(w * t_s)) / (w * window_s)
+    return mean
+
+
+def power_samples_table(host: str, devices: Sequence[str], *, t0_ns: int = T0_NS, duration_s: float = 10.0,
+                        rate_hz: float = 100.0, base_w: float = 500.0, amp_w: float = 100.0, freq_hz: float = 1.0,
+                        power_step_w: float = 0.0, first_index: int = 0) -> pa.Table:
+    """The driver's buffered samples of one host (``t_ns, host, device, power_w``): the true power of
+    every device (module doc) at ``rate_hz``."""
+    n = round(duration_s * rate_hz) + 1
+    t_s = np.arange(n) / rate_hz
+    t_ns = t0_ns + np.round(t_s * 1e9).astype(np.int64)
+    parts = [pa.table({"t_ns": pa.array(t_ns, pa.int64()), "host": pa.array([host] * n, pa.string()),
+                       "device": pa.array([dev] * n, pa.string()),
+                       "power_w": pa.array(_sensed(base_w + power_step_w * (first_index + i), amp_w, freq_hz, t_s,
+                                                   None), pa.float64())})
+             for i, dev in enumerate(devices)]
+    return pa.concat_tables(parts)
+
+
+PHASE_SPLITS = (("forward", 0.0, 0.3), ("backward", 0.3, 0.8), ("optimizer", 0.8, 1.0))
 
 
 def events_table(
@@ -113,8 +171,10 @@ def events_table(
     phases: bool = True,
     start_offset_s: float = 0.0,
     period_s: float | None = None,
+    phase_splits: Sequence[tuple[str, float, float]] | None = None,
 ) -> pa.Table:
-    """Step (and forward/backward/optimizer) events of one rank; all ranks' steps start together."""
+    """Step (and forward/backward/optimizer) events of one rank; all ranks' steps start together.
+    ``phase_splits``: (kind, start, end) of each phase as shares of the step (:data:`PHASE_SPLITS`)."""
     rows: list[dict[str, Any]] = []
     dur = step_s + straggle_s * rank
     period = period_s if period_s is not None else dur
@@ -127,16 +187,12 @@ def events_table(
                      "window": win, "tokens": tokens, "samples": samples, "loss": 1.0 / (s + 1),
                      "mem_peak_bytes": None, "microbatch": None, "attrs": None})
         if phases:
-            f_end = a + int((b - a) * 0.3)
-            bw_end = a + int((b - a) * 0.8)
-            for kind, x, y in (("forward", a, f_end), ("backward", f_end, bw_end), ("optimizer", bw_end, b)):
+            for kind, lo, hi in phase_splits or PHASE_SPLITS:
+                x, y = a + int((b - a) * lo), a + int((b - a) * hi) if hi < 1.0 else b
                 rows.append({"rank": rank, "kind": kind, "name": kind, "step": s, "t_start_ns": x, "t_end_ns": y,
                              "window": win, "tokens": None, "samples": None, "loss": None, "mem_peak_bytes": None,
                              "microbatch": None, "attrs": None})
     return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
-
-
-PHASE_SPLITS = (("forward", 0.0, 0.3), ("backward", 0.3, 0.8), ("optimizer", 0.8, 1.0))
 
 
 def step_events(rank: int, first: int, count: int, *, t0_ns: int = T0_NS, period_s: float = 2.0,
@@ -204,9 +260,13 @@ def write_run(
     rate_hz: float = 10.0,
     name: str | None = None,
     device_properties: dict[str, Any] | None = None,
+    buffer_hz: float | None = None,
+    phase_splits: Sequence[tuple[str, float, float]] | None = None,
     **signal: Any,
 ) -> Path:
-    """A complete synthetic run directory (run.json, telemetry/<host>.parquet, events/rank-<r>.parquet)."""
+    """A complete synthetic run directory (run.json, telemetry/<host>.parquet, events/rank-<r>.parquet;
+    with ``buffer_hz``, telemetry/power-samples/<host>.parquet). ``device_properties`` go to every
+    device's ``run.json`` properties (``sensors``, ``power_buffer``: what the sampler records)."""
     run = RunDir(path).create()
     world = hosts * devices_per_host
     duration = (warmup + steps) * (step_s + straggle_s * world) + 1.0
@@ -219,10 +279,7 @@ def write_run(
     for h in range(hosts):
         host = f"node{h}"
         names = [f"{'gpu' if kind == 'gpu' else 'cpu'}{i}" for i in range(devices_per_host)]
-        tel = telemetry_table(host, names, duration_s=duration + pad, rate_hz=rate_hz,
-                              first_index=h * devices_per_host, **signal)
-        pq.write_table(tel, run.telemetry_file(host))
-        fields = [f for f in TELEMETRY_FIELDS if tel[f].null_count < tel.num_rows]
+        fields = _write_host(run, host, names, duration + pad, rate_hz, h * devices_per_host, buffer_hz, signal)
         for i, dev in enumerate(names):
             devices.append({"host": host, "device": dev, "kind": kind, "vendor": "synthetic", "name": "synthetic",
                             "uuid": f"synthetic-{h}-{i}", "supported": fields,
@@ -239,7 +296,7 @@ def write_run(
                          "coords": {"dp": dp_c, "tp": tp_c, "pp": pp_c, "cp": 0, "ep": dp_c % ep}})
         ev = events_table(r, warmup=warmup, steps=steps, step_s=step_s, straggle_s=straggle_s,
                           tokens=tokens_per_rank, samples=samples_per_rank, start_offset_s=pad,
-                          period_s=step_s + straggle_s * (world - 1))
+                          period_s=step_s + straggle_s * (world - 1), phase_splits=phase_splits)
         pq.write_table(ev, run.events_file(r))
     knobs_d = {"micro_batch": 1, "global_batch": 8, "recompute": "none", "precision": "bf16", **(knobs or {})}
     config = {
@@ -259,6 +316,19 @@ def write_run(
         "sampler": {"rate_hz": rate_hz},
     })
     return run.path
+
+
+def _write_host(run: RunDir, host: str, names: list[str], duration_s: float, rate_hz: float, first_index: int,
+                buffer_hz: float | None, signal: dict[str, Any]) -> list[str]:
+    """One host's telemetry file (and, with ``buffer_hz``, its buffered power samples); the fields it holds."""
+    tel = telemetry_table(host, names, duration_s=duration_s, rate_hz=rate_hz, first_index=first_index, **signal)
+    pq.write_table(tel, run.telemetry_file(host))
+    if buffer_hz:
+        buf = power_samples_table(host, names, duration_s=duration_s, rate_hz=buffer_hz, first_index=first_index,
+                                  **{k: v for k, v in signal.items() if k in POWER_SAMPLE_KEYS})
+        (run.path / "telemetry" / "power-samples").mkdir(exist_ok=True)
+        pq.write_table(buf, run.path / "telemetry" / "power-samples" / f"{host}.parquet")
+    return [f for f in TELEMETRY_FIELDS if f != REPEAT and f in tel.column_names and tel[f].null_count < tel.num_rows]
 
 
 def write_sweep(root: str | Path) -> Path:

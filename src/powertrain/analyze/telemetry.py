@@ -11,6 +11,11 @@ Definitions (all over the window ``[w0, w1]``):
 
 * **level statistics** (mean, max, quantiles) use the samples whose ``t_ns`` lies in the window; the
   p99 / p01 of power are exact order statistics, linearly interpolated at position (n − 1)·q;
+* **power samples**: a ``power_w`` reading marked ``power_repeat`` (it repeats the driver's last value
+  without a refresh) is not a sample: counts, extremes, quantiles, ramps, spectra and the cluster series
+  skip it (:data:`FRESH`); energy takes every reading. Where the column is absent or null every reading
+  is a sample. The driver's own buffered samples (``telemetry/power-samples/``) are a stream of their
+  own, aggregated per device by :func:`buffer_stats` (their peak is the device's, ``families.power.device_peak``);
 * **energy** of each device comes from the one integral, :mod:`powertrain.core.energy`: the power
   integral (``window_energy``: trapezoid, interpolated edges, the nearest reading held up to the hold
   limit, null with the reason beyond it) and, where the device has one, its energy counter
@@ -40,6 +45,7 @@ Definitions (all over the window ``[w0, w1]``):
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,8 +62,11 @@ from powertrain.analyze import device_pass
 from powertrain.analyze.device_pass import GAP_FACTOR as GAP_FACTOR
 from powertrain.analyze.device_pass import INTEGRATED
 from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, Intervals, merge_intervals
+from powertrain.core.files import is_regular_file
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
-from powertrain.store.tables import telemetry_files
+from powertrain.store.tables import POWER_SAMPLES_DIR, telemetry_files
+
+log = logging.getLogger(__name__)
 
 # Seconds of telemetry before and after the window that are scanned to find the samples bracketing
 # the window's edges (more than any hold limit, so a reading just outside the window is found).
@@ -72,6 +81,16 @@ COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "energy_j")  # energy_j: core
 NOT_IDLE = ~int(Throttle.IDLE) & 0xFFFFFFFF
 SERIES_CHUNK_ROWS = 1 << 18  # rows per query of device_mean_series (its ordered sums hold them)
 
+
+# The flag the sampler writes on a power reading that repeats the driver's last value without the
+# driver having refreshed it (True; False: fresh; null: unknown — older runs, imports, host rows). A file
+# without the column reads as null. Rates, peaks, quantiles and spectra count the rows not marked True
+# ("power samples"); the energy integral and time-weighted means take every reading, a held value being
+# the sensor's output for the time it is held.
+REPEAT = "power_repeat"
+FRESH = f"{REPEAT} IS NOT TRUE"  # SQL: a power sample (fresh, or freshness unknown)
+# every column of the views: the schema's fields, and the repeat flag whether or not the schema has it yet
+VIEW_FIELDS: dict[str, pa.DataType] = {**TELEMETRY_FIELDS, REPEAT: pa.bool_()}
 
 # name of a view -> the Parquet files behind it (an empty table for a run without telemetry)
 _SOURCES: dict[tuple[int, str], list[str] | pa.Table] = {}
@@ -111,10 +130,12 @@ def open_telemetry(con: duckdb.DuckDBPyConnection, run_dir: str | Path, name: st
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
     cols, as_written = ["t_ns", "host", "device"], ["t_ns", "host", "device"]
     screened = []
-    for f, typ in TELEMETRY_FIELDS.items():
-        sql_type = "BIGINT" if pa.types.is_integer(typ) else "DOUBLE"
+    for f in VIEW_FIELDS:
+        sql_type = _sql_type(f)
         if f not in present:
             cols.append(f"CAST(NULL AS {sql_type}) AS {f}")
+        elif sql_type == "BOOLEAN":  # a flag about a reading (power_repeat): nothing to screen
+            cols.append(f"CAST({f} AS BOOLEAN) AS {f}")
         elif sql_type == "DOUBLE" or f in NON_NEGATIVE:
             cols.append(f"CASE WHEN {_plausible(f, sql_type)} THEN {f} END AS {f}")
             screened.append(f)
@@ -183,7 +204,8 @@ def field_counts(con: duckdb.DuckDBPyConnection, w0: int, w1: int, fields: Seque
 
 
 def _sql_type(f: str) -> str:
-    return "BIGINT" if pa.types.is_integer(TELEMETRY_FIELDS[f]) else "DOUBLE"
+    typ = VIEW_FIELDS[f]
+    return "BIGINT" if pa.types.is_integer(typ) else "BOOLEAN" if pa.types.is_boolean(typ) else "DOUBLE"
 
 
 def span(con: duckdb.DuckDBPyConnection, name: str = "tel") -> tuple[int, int] | None:
@@ -307,13 +329,56 @@ def _written_batch(batch: pa.RecordBatch, out: dict[tuple[str, str], WrittenOrde
         out.setdefault((hosts[h], devs[d]), WrittenOrder()).add(t[lo:hi])
 
 
+def _level_sql(present: set[str]) -> list[str]:
+    """The per-device aggregates of the level statistics over the fields ``present``. Of power, the
+    extremes, the count and the share near the limit are over its *samples* (readings not marked as
+    repeats, :data:`FRESH`), with how many readings it has in all, how many are marked repeats and how
+    many are marked either way, and the times of its first and last sample."""
+    level = ["count(*) AS rows", "min(t_ns) AS t_first_ns", "max(t_ns) AS t_last_ns"]
+    for f in LEVEL_FIELDS:
+        if f not in present:
+            continue
+        only = f" FILTER (WHERE {FRESH})" if f == "power_w" else ""
+        level.append(f"avg({f}) AS {f}_mean, max({f}){only} AS {f}_max, min({f}){only} AS {f}_min, "
+                     f"count({f}){only} AS {f}_n")
+    level += [f"max({f}) AS {f}_max" for f in MAX_FIELDS if f in present]
+    if "power_w" in present:
+        level += ["count(power_w) AS power_w_readings", f"count(power_w) FILTER (WHERE {REPEAT}) AS power_w_repeats",
+                  f"count(power_w) FILTER (WHERE {REPEAT} IS NOT NULL) AS power_w_marked",
+                  f"min(t_ns) FILTER (WHERE power_w IS NOT NULL AND {FRESH}) AS power_w_t_first_ns",
+                  f"max(t_ns) FILTER (WHERE power_w IS NOT NULL AND {FRESH}) AS power_w_t_last_ns"]
+    if "power_w" in present and "power_limit_w" in present:
+        level += [f"avg(CASE WHEN power_w IS NULL OR power_limit_w IS NULL THEN NULL "
+                  f"WHEN power_w >= {POWER_LIMIT_FRACTION} * power_limit_w THEN 1.0 ELSE 0.0 END) FILTER (WHERE {FRESH})"
+                  " AS power_above_limit",
+                  f"count(CASE WHEN power_w IS NOT NULL AND power_limit_w IS NOT NULL THEN 1 END) FILTER (WHERE {FRESH})"
+                  " AS power_above_limit_n"]
+    if "throttle" in present:
+        level += [
+            "count(throttle) AS throttle_n",
+            f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {NOT_IDLE}) != 0 THEN 1.0 ELSE 0.0 END)"
+            " AS throttle_any",
+            *[f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {int(t)}) != 0 THEN 1.0 ELSE 0.0 END)"
+              f" AS throttle_{t.name.lower()}" for t in Throttle if t.name],
+        ]
+    return level
+
+
 def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "tel", *,
                  sub_windows: tuple[np.ndarray, np.ndarray] | None = None,
                  hold_limit_s: float = DEFAULT_HOLD_LIMIT_S,
                  spectra: Callable[[list[dict[str, Any]]], set[tuple[str, str]]] | None = None,
                  relived: dict[tuple[str, str], Intervals] | None = None,
+                 step_starts: np.ndarray | None = None,
                  ) -> list[dict[str, Any]]:
     """One dict per (host, device) with level, energy, counter, ramp, gap and throttle statistics.
+
+    Power *samples* are the readings not marked as repeats (:data:`REPEAT`): ``power_w_n`` counts them,
+    ``power_w_max``/``_min``/``_p99``/``_p01``, the ramp and the spectrum are theirs, ``power_rate_hz`` is
+    their mean rate ((n − 1) / (last − first)) and ``power_w_sample_period_s`` their median interval;
+    ``power_w_readings`` counts every reading, ``power_w_repeats`` those marked repeats and
+    ``power_w_marked`` those marked either way. ``step_starts`` (sorted): per device, the offset of its
+    first power sample after each (``power_w_step_phase_ns``, :mod:`powertrain.analyze.coverage`).
 
     ``spectra``: given the level statistics, the devices whose power spectrum the pass should follow
     (``power_osc``: ``signal.dominant_oscillation`` of their in-window power, None when flat).
@@ -332,24 +397,7 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     # Which fields hold any data in the window: the heavy queries below only touch those.
     all_fields = [*LEVEL_FIELDS, *MAX_FIELDS, "throttle", *COUNTERS, "energy_j"]
     present, bad = field_counts(con, w0, w1, all_fields, name)
-    level = [
-        "count(*) AS rows", "min(t_ns) AS t_first_ns", "max(t_ns) AS t_last_ns",
-        *[f"avg({f}) AS {f}_mean, max({f}) AS {f}_max, min({f}) AS {f}_min, count({f}) AS {f}_n"
-          for f in LEVEL_FIELDS if f in present],
-        *[f"max({f}) AS {f}_max" for f in MAX_FIELDS if f in present],
-    ]
-    if "power_w" in present and "power_limit_w" in present:
-        level += [f"avg(CASE WHEN power_w IS NULL OR power_limit_w IS NULL THEN NULL "
-                  f"WHEN power_w >= {POWER_LIMIT_FRACTION} * power_limit_w THEN 1.0 ELSE 0.0 END) AS power_above_limit",
-                  "count(CASE WHEN power_w IS NOT NULL AND power_limit_w IS NOT NULL THEN 1 END) AS power_above_limit_n"]
-    if "throttle" in present:
-        level += [
-            "count(throttle) AS throttle_n",
-            f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {NOT_IDLE}) != 0 THEN 1.0 ELSE 0.0 END)"
-            " AS throttle_any",
-            *[f"avg(CASE WHEN throttle IS NULL THEN NULL WHEN (throttle & {int(t)}) != 0 THEN 1.0 ELSE 0.0 END)"
-              f" AS throttle_{t.name.lower()}" for t in Throttle if t.name],
-        ]
+    level = _level_sql(present)
     stats = _in_order(con, f"SELECT host, device, {', '.join(level)} FROM {name} WHERE {win} GROUP BY host, device")
     if not stats:
         return []
@@ -368,7 +416,8 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
     plan = device_pass.Plan(w0, w1, seg_fields, energy_fields, periods,
                             {k: int(s.get("power_w_n") or 0) for k, s in by_key.items()}, sub_windows, hold_limit_s,
                             "temp_c" if steady else None, spectra(stats) if spectra is not None else set(),
-                            relived=back, gap_periods={k: w.median_period_s for k, w in written.items()})
+                            relived=back, gap_periods={k: w.median_period_s for k, w in written.items()},
+                            step_starts=step_starts)
     for key, row in device_pass.run_pass(con, name, plan, lo, hi).items():
         if key in by_key:
             by_key[key].update(row)
@@ -380,6 +429,8 @@ def device_stats(con: duckdb.DuckDBPyConnection, w0: int, w1: int, name: str = "
         period = periods[k]
         s["period_s"] = period / 1e9 if period else None
         s["rate_hz"] = 1.0 / s["period_s"] if s["period_s"] else None
+        n, first, last = s.get("power_w_n") or 0, s.get("power_w_t_first_ns"), s.get("power_w_t_last_ns")
+        s["power_rate_hz"] = (n - 1) / ((last - first) / 1e9) if n > 1 and first is not None and last > first else None
     return [by_key[k] for k in sorted(by_key)]
 
 
@@ -409,9 +460,12 @@ def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
     (DuckDB's parallel sums otherwise add rows from several files in varying order). The buckets come
     a span of about ``SERIES_CHUNK_ROWS`` rows at a time (each bucket wholly in one span), in time
     order, so neither the ordered sums nor the caller hold more than that many rows, however long the run.
-    ``devices`` ((host, device) pairs) limits it to those devices; None: every device."""
+    ``devices`` ((host, device) pairs) limits it to those devices; None: every device. Of ``power_w``,
+    only its samples count (readings not marked as repeats, :data:`FRESH`)."""
     only, args = ("", []) if devices is None else (" AND list_contains(?, [host, device])",
                                                    [[list(k) for k in sorted(devices)]])
+    if field == "power_w":
+        only += f" AND {FRESH}"
     rows = con.execute(f"SELECT count({field}) FROM {name} WHERE t_ns BETWEEN {w0} AND {w1}{only}",
                        args).fetchall()[0][0]
     n_buckets = (w1 - w0) // bucket_ns + 1
@@ -425,3 +479,61 @@ def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
                   WHERE t_ns BETWEEN {lo} AND {hi} AND {field} IS NOT NULL{only})
             GROUP BY b ORDER BY b
         """, params=args or None).to_arrow_table()
+
+
+# The driver's own buffered power samples (NVML ``nvmlDeviceGetSamples``), read by the sampler between
+# polls: a stream beside the telemetry rows, one row per driver sample (t_ns, host, device, power_w), in
+# ``telemetry/power-samples/<host>.parquet`` (store.tables.POWER_SAMPLES_DIR), with its ``.parts``
+# segments while it streams.
+
+
+def power_samples_files(run_dir: str | Path) -> list[Path]:
+    """The readable files of a run's buffered power samples (regular files only; a segment without a
+    readable footer skipped, as the telemetry readers skip one). Nothing is loaded: DuckDB scans them
+    (``store.tables.read_power_samples`` would hold every sample of a long run)."""
+    folder = Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR
+    if not folder.is_dir():
+        return []
+    out = [p for p in sorted(folder.glob("*.parquet")) if is_regular_file(p)]
+    out += [p for parts in sorted(folder.glob("*.parts")) for p in sorted(parts.glob("seg-*.parquet"))
+            if is_regular_file(p) and _readable(p)]
+    return out
+
+
+def _readable(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return True
+
+
+def buffer_stats(con: duckdb.DuckDBPyConnection, run_dir: str | Path, w0: int, w1: int
+                 ) -> tuple[dict[tuple[str, str], dict[str, Any]], str | None]:
+    """Per device, its buffered power samples in [w0, w1]: how many (``samples``), the highest
+    (``peak_w``), the first and last times and their mean rate (``rate_hz``: (n − 1) / (last − first)).
+    Non-finite and negative readings are kept out, as in the telemetry views. One aggregate; nothing
+    is loaded. Second value: why the files could not be read (a note), or None."""
+    files = power_samples_files(run_dir)
+    if not files:
+        return {}, None
+    flist = "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+    try:
+        rows = _rows(con, f"""
+            SELECT host, device, count(*) AS samples, max(p) AS peak_w, min(t_ns) AS t_first_ns,
+                   max(t_ns) AS t_last_ns
+            FROM (SELECT t_ns, host, device, CAST(power_w AS DOUBLE) AS p
+                  FROM read_parquet({flist}, union_by_name=true) WHERE t_ns BETWEEN {int(w0)} AND {int(w1)})
+            WHERE isfinite(p) AND p >= 0 GROUP BY host, device""")
+    except duckdb.Error as exc:
+        log.warning("%s: the buffered power samples cannot be read (%s); peaks come from the polled readings",
+                    run_dir, exc)
+        return {}, f"the driver's buffered power samples cannot be read ({str(exc).splitlines()[0][:160]}): peaks " \
+                   "come from the polled readings"
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        n, t0, t1 = int(r["samples"]), int(r["t_first_ns"]), int(r["t_last_ns"])
+        out[(r["host"], r["device"])] = {"samples": n, "peak_w": float(r["peak_w"]), "t_first_ns": t0,
+                                         "t_last_ns": t1, "rate_hz": (n - 1) / ((t1 - t0) / 1e9) if n > 1 and t1 > t0
+                                         else None}
+    return out, None

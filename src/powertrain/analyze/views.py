@@ -13,7 +13,7 @@ import numpy as np
 
 from powertrain.analyze import steps
 from powertrain.analyze.families.context import DeviceKey, RunContext
-from powertrain.analyze.families.power import PowerFamily, device_energy
+from powertrain.analyze.families.power import PowerFamily, device_energy, device_peak
 from powertrain.analyze.metrics import THROTTLE_REASONS
 from powertrain.core.energy import WindowEnergy
 
@@ -34,6 +34,7 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
         key = (s["host"], s["device"])
         ranks = sorted(dev_rank.get(key, []))
         osc_freq, osc_amp = spectra.get(key) or (None, None)
+        peak, peak_from = device_peak(s)
         row = {
             "host": s["host"], "device": s["device"], "kind": ctx.kind_of(s), "ranks": ranks,
             "slot": _slot(s["device"]),
@@ -41,7 +42,10 @@ def per_device(ctx: RunContext) -> list[dict[str, Any]]:
             "tp": _coord(coords, ranks, "tp"), "dp": _coord(coords, ranks, "dp"),
             "samples": s["rows"], "rate_hz": s["rate_hz"], "gaps": s.get("gaps"), "gap_s": s.get("gap_s"),
             "max_interval_s": s.get("max_interval_s"),
-            "power_mean_w": s.get("power_w_mean"), "power_peak_w": s.get("power_w_max"),
+            "power_mean_w": s.get("power_w_mean"), "power_peak_w": peak,
+            # the peak's samples: the driver's buffer where read, else the polled samples (polled peak kept)
+            "power_peak_from": peak_from if peak is not None else None, "power_peak_polled_w": s.get("power_w_max"),
+            "power_rate_hz": s.get("power_rate_hz"),  # power samples per second (repeats not counted)
             "power_p99_w": s.get("power_w_p99"), "power_ramp_max_w_per_s": s.get("power_w_ramp_max"),
             "energy_j": _joules(device_energy(s)),
             "energy_counter_j": _joules(s.get("energy_counter")), "energy_integral_j": _joules(s.get("energy_integral")),

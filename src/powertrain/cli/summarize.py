@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, summarize_sweep, window_text
+from powertrain.analyze.coverage import power_source_line, power_warnings
 from powertrain.analyze.metrics import METRICS
 from powertrain.cli.root import app, shown_text
 from powertrain.core.names import printable
@@ -79,9 +80,20 @@ def print_run_summary(summ: dict, console: Console = out, show_all: bool = False
     else:
         console.print("no metric has a value for this run")
     _per_node(summ, console)
+    _power_sources(summ, console)
     line = None if show_all else _null_line(metrics, why)
     if line:
         console.print(printable(line), style="dim", markup=False)
+
+
+def _power_sources(summ: dict, console: Console) -> None:
+    """What the power figures were read from (field, source, effective rate, window, peak and energy
+    paths), then what they cannot resolve (aliasing, short phases) and ∫power against the counter."""
+    line = power_source_line(summ)
+    if line:
+        console.print(printable(line), markup=False, highlight=False)
+    for warning in power_warnings(summ):
+        console.print(f"warning: {printable(warning)}", style="yellow", markup=False, highlight=False)
 
 
 _SWEEP_COLS = ("step_time_mean_s", "tokens_per_s", "mfu", "power_mean_w", "temp_peak_c", "j_per_token")

@@ -36,6 +36,7 @@ import numpy as np
 from powertrain.analyze import format_value, is_sweep_dir, load_summary, load_sweep, window_text
 from powertrain.analyze import steps as steps_mod
 from powertrain.analyze import telemetry as tel
+from powertrain.analyze.coverage import power_source_line, power_warnings
 from powertrain.analyze.events import KEPT_STEP, RunEvents
 from powertrain.analyze.metrics import METRICS
 from powertrain.report import figures as F
@@ -136,7 +137,7 @@ def _metrics_table(rep: Report, summ: dict[str, Any], absent: str = "not measure
         if v is None:
             nulls.append([m.name, why.get(m.name, "")])
         else:
-            rows.append([m.name, format_value(m.name, v), m.text])
+            rows.append([m.name, format_value(m.name, v), m.text + _read_from(summ, m.name)])
     if rows:
         rep.table(["metric", "value", "definition"], rows, cls="metrics")
     else:
@@ -145,6 +146,18 @@ def _metrics_table(rep: Report, summ: dict[str, Any], absent: str = "not measure
         rep.raw(f"<details><summary>{len(nulls)} metrics are null ({html.escape(absent)}) — why</summary>")
         rep.table(["metric", "why null"], nulls, cls="nulls")
         rep.raw("</details>")
+
+
+def _read_from(summ: dict[str, Any], name: str) -> str:
+    """Where a power figure was read from (``sources.power``): field, source, path and effective rate."""
+    src = ((summ.get("sources") or {}).get("power") or {}).get(name)
+    if not isinstance(src, dict):
+        return ""
+    what = " ".join(str(x) for x in (src.get("field"), src.get("source") and f"({src['source']})") if x)
+    rate = src.get("rate_hz")
+    parts = [what, src.get("path"), f"{rate:.3g} Hz" + (" fresh" if src.get("repeats") == "excluded" else "")
+             if isinstance(rate, (int, float)) else None]
+    return " — read from " + ", ".join(str(p) for p in parts if p)
 
 
 def _compact(d: Any) -> str:
@@ -410,6 +423,7 @@ def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> 
         rep.table(["device", "samples in window", "achieved rate", "gaps (> 2.5 periods)", "time in gaps",
                    "longest interval", "clock steps back", "gaps energy does not bridge",
                    "energy: edges held (or why null)"], rows)
+    _power_quality(rep, summ)
     missing = dq.get("missing_devices") or {}
     if missing.get("why"):
         rep.p(f"Missing from the data: {missing['why']}; the run's energy is unknown.", "note")
@@ -419,6 +433,35 @@ def _data_quality(rep: Report, summ: dict[str, Any], imported: bool = False) -> 
               f"{', '.join(bad.get('devices') or [])}.", "note")
     for note in dq.get("telemetry_notes") or []:
         rep.p(note, "note")
+
+
+def _hz(v: Any) -> str:
+    return "—" if not isinstance(v, (int, float)) else f"{v:.3g} Hz"
+
+
+def _power_quality(rep: Report, summ: dict[str, Any]) -> None:
+    """What the power figures were read from: the run's line, per device its field, samples and repeats,
+    rates, update period, window and where its peak came from; then what the fields cannot resolve."""
+    line = power_source_line(summ)
+    if line:
+        rep.p(line)
+    rows = []
+    for d in (summ.get("data_quality") or {}).get("devices") or []:
+        pw = d.get("power")
+        if not pw:
+            continue
+        u, w = pw.get("update_period_s"), pw.get("averaging_window_s")
+        rows.append([f"{d['host']}/{d['device']}", ", ".join(str(x) for x in (pw.get("source"), pw.get("nvml")) if x)
+                     or "not recorded", pw.get("samples"), "not marked" if pw.get("repeats") is None else pw["repeats"],
+                     _hz(pw.get("rate_hz")), _hz(pw.get("polled_rate_hz")),
+                     "—" if u is None else f"{u * 1e3:.3g} ms ({pw.get('update_period_from')})",
+                     "not recorded" if w is None else f"{w * 1e3:.3g} ms",
+                     f"{format_value('power_peak_w', pw.get('peak_w'))} ({pw.get('peak_from')})"])
+    if rows:
+        rep.table(["device", "power_w source", "samples (repeats not counted)", "repeats", "sample rate",
+                   "polled rate", "update period", "averaging window", "peak (from)"], rows, cls="power")
+    for warning in power_warnings(summ):
+        rep.p(f"Warning: {warning}", "note")
 
 
 # ---------------------------------------------------------------------------------------------------

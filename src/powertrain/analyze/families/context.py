@@ -122,6 +122,21 @@ class RunContext:
         """A device's kind as ``run.json`` lists it; else ``cpu`` for ``cpu*`` names, else accelerator."""
         return _kind(self.kinds, s)
 
+    def sensor(self, s: dict[str, Any], field: str = "power_w") -> dict[str, Any]:
+        """What ``run.json`` says the device's ``field`` is (``devices[].properties.sensors[field]``: its
+        source, driver name, probed update period, published averaging window, path); {} where it says
+        nothing (an older run, an import)."""
+        props = (self.kinds.get((s["host"], s["device"])) or {}).get("properties")
+        sensors = props.get("sensors") if isinstance(props, dict) else None
+        got = sensors.get(field) if isinstance(sensors, dict) else None
+        return got if isinstance(got, dict) else {}
+
+    def power_buffer(self, s: dict[str, Any]) -> dict[str, Any]:
+        """``devices[].properties.power_buffer`` (``used``, ``depth``, ``why_not``); {} where not recorded."""
+        props = (self.kinds.get((s["host"], s["device"])) or {}).get("properties")
+        got = props.get("power_buffer") if isinstance(props, dict) else None
+        return got if isinstance(got, dict) else {}
+
     def have(self, field: str) -> list[dict[str, Any]]:
         """The counted devices with samples of ``field`` in the window."""
         return [s for s in self.counted if s.get(f"{field}_n")]
@@ -215,9 +230,15 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     dev_stats = (telemetry.device_stats(con, w0, w1, sub_windows=sub, hold_limit_s=HOLD_LIMIT_S,
                                         spectra=lambda stats: _spectrum_devices(stats, kinds, info.get("rank_map") or [],
                                                                                 visible),
-                                        relived=imported_relived(info))
+                                        relived=imported_relived(info), step_starts=_step_starts(sd, w0, w1))
                  if n_rows and w1 > w0 else [])
     _add_imported_steps_back(dev_stats, info)
+    # the driver's buffered power samples, where the sampler read them: each device's peak comes from them
+    buffers, unreadable = telemetry.buffer_stats(con, run.path, w0, w1) if dev_stats else ({}, None)
+    for s in dev_stats:
+        s["buffer"] = buffers.get((s["host"], s["device"]))
+    if unreadable:
+        notes.append(unreadable)
     notes += quality_notes(dev_stats)
     missing = (info.get("data_quality") or {}).get("missing_devices") or {}
     if missing.get("why"):
@@ -241,6 +262,14 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     if dev_stats and not ctx.counted:
         ctx.no_tel = "no telemetry of the devices the run's ranks ran on in the measured window"
     return ctx
+
+
+def _step_starts(sd: steps.StepData | None, w0: int, w1: int) -> np.ndarray | None:
+    """The starts of the measured steps inside the window, sorted (where the power samples land in them)."""
+    if sd is None:
+        return None
+    inside = (sd.t_start_ns >= w0) & (sd.t_end_ns <= w1)
+    return np.sort(sd.t_start_ns[inside].astype(np.int64))
 
 
 def imported_relived(info: dict[str, Any]) -> dict[tuple[str, str], Intervals]:

@@ -10,7 +10,14 @@ power and energy per token and sample are null too when the data lacks a device 
 (``RunContext.missing_why``: a rank's device without telemetry, an MLPerf node without a power log):
 the measured devices' sum would be a part taken for the whole; per-device figures (mean power, each
 device's energy) cover what was measured. Mean power over the window is energy / window seconds. Sums
-over devices run in the devices' sorted order, so the same run gives the same figures to the last digit."""
+over devices run in the devices' sorted order, so the same run gives the same figures to the last digit.
+
+Levels, peaks, quantiles, ramps and spectra count power *samples*: readings the sampler marked as repeats
+of the driver's last value are not samples (``analyze.telemetry.FRESH``). A device's peak is the highest
+of the driver's buffered samples where the sampler read them, else of its polled samples
+(:func:`device_peak`); the cluster's peak stays on the polled samples (a sum needs every device's reading
+in one period). ∫power is kept beside the counter as a cross-check; beyond ``DISAGREEMENT_NOTE_PCT`` a
+note names both (``analyze.coverage`` says what each figure was read from)."""
 
 from __future__ import annotations
 
@@ -41,11 +48,17 @@ class PowerFamily(Family):
     per_step_why: str | None = None  # why a step has no energy, when one has none
 
 
+# |energy_disagreement_pct| beyond which the summary says so in a note (and summarize and the report print it)
+DISAGREEMENT_NOTE_PCT = 1.0
+
+
 @dataclass
 class EnergyFamily(Family):
-    """The energy metrics, and where ``energy_j`` came from (``counter``, ``integral`` or None)."""
+    """The energy metrics, where ``energy_j`` came from (``counter``, ``integral`` or None), and the
+    counter against the integral (``check``: ``data_quality.energy_check``; None without both)."""
 
     source: str | None = None
+    check: dict[str, Any] | None = None
 
 
 def power_family(ctx: RunContext) -> PowerFamily:
@@ -73,6 +86,25 @@ def power_family(ctx: RunContext) -> PowerFamily:
 
 def device_name(s: dict[str, Any]) -> str:
     return f"{s['host']}/{s['device']}"
+
+
+def device_peak(s: dict[str, Any]) -> tuple[float | None, str]:
+    """The device's highest power over the window and where it was read: from the driver's buffered
+    samples (``buffer``) where the sampler read them and they hold samples in the window — the driver's
+    own samples, not the phase of our polling —, else the highest polled sample (``polled``)."""
+    buf = s.get("buffer")
+    if buf and buf.get("samples"):
+        return float(buf["peak_w"]), "buffer"
+    peak = s.get("power_w_max")
+    return (None if peak is None else float(peak)), "polled"
+
+
+def sample_period_s(s: dict[str, Any]) -> float | None:
+    """One power sample period of the device: the mean interval of its power samples where its readings
+    are marked fresh or repeated (the field's effective period), else the mean interval of its rows."""
+    if s.get("power_w_marked") and s.get("power_rate_hz"):
+        return 1.0 / float(s["power_rate_hz"])
+    return s.get("period_s")
 
 
 def device_energy(s: dict[str, Any]) -> WindowEnergy | None:
@@ -106,9 +138,11 @@ def _power_levels(ctx: RunContext, pw: list[dict[str, Any]], fam: Family) -> Non
         m["power_mean_w"] = float(np.mean([s["power_w_mean"] for s in pw]))
     else:
         fam.why_null["power_mean_w"] = f"mean power over the window is energy / seconds, and {why_mean}"
-    m["power_peak_w"] = float(max(s["power_w_max"] for s in pw))
+    peaks = {device_name(s): p for s in pw if (p := device_peak(s)[0]) is not None}
+    m["power_peak_w"] = float(max(peaks.values())) if peaks else None
     m["power_peak_to_mean"] = max(
-        (s["power_w_max"] / s["power_w_mean"] for s in pw if s.get("power_w_mean")), default=None)
+        (peaks[device_name(s)] / s["power_w_mean"] for s in pw if s.get("power_w_mean") and device_name(s) in peaks),
+        default=None)
     m["power_swing_w"] = float(np.mean([s["power_w_p99"] - s["power_w_p01"] for s in pw]))
     ramps = [s["power_w_ramp_max"] for s in pw if s.get("power_w_ramp_max") is not None]
     m["power_ramp_max_w_per_s"] = float(max(ramps)) if ramps else None
@@ -121,7 +155,8 @@ def _p99_over(con: duckdb.DuckDBPyConnection, keys: list[tuple[str, str]], w0: i
     (n − 1)·0.99, linearly interpolated). DuckDB's ``max(x, k)`` keeps only the top 1 % (a bounded
     heap), so memory stays small however long the run (``quantile_cont`` or an ORDER BY … OFFSET
     would hold every sample)."""
-    where = "t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND list_contains(?, [host, device])"
+    # samples only: a reading marked as a repeat of the driver's last value is not one (telemetry.FRESH)
+    where = f"t_ns BETWEEN ? AND ? AND power_w IS NOT NULL AND {telemetry.FRESH} AND list_contains(?, [host, device])"
     args = [w0, w1, [list(k) for k in sorted(keys)]]
     n = int(con.execute(f"SELECT count(*) FROM tel WHERE {where}", args).fetchall()[0][0])
     if not n:
@@ -138,7 +173,7 @@ def _cluster_power(ctx: RunContext, pw: list[dict[str, Any]], fam: PowerFamily) 
     """The cluster's power: its mean (all counted devices' energy / window seconds) and its peak (sum
     over devices, in sample periods where every device reported); the dominant oscillation of the
     device-mean power; per measured step its energy and mean device power."""
-    period = float(np.median([s["period_s"] for s in pw if s["period_s"]] or [0.1]))
+    period = float(np.median([p for s in pw if (p := sample_period_s(s))] or [0.1]))
     bucket_ns = max(int(period * 1e9), 1)
     n_full = len(pw)
     energy, why = _total(ctx.counted, lambda s: s.get("energy_integral"), "power readings")
@@ -212,7 +247,7 @@ def _per_step(ctx: RunContext, sd: steps.StepData, fam: PowerFamily) -> None:
 
 def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
     """The run's energy from hardware counters and from integrated power (both core.energy's, over the
-    run's window), how far they disagree, the run's energy ``energy_j`` (per device its counter where it
+    run's window), how far they disagree (a note beyond ``DISAGREEMENT_NOTE_PCT``), the run's energy ``energy_j`` (per device its counter where it
     has one, else its integral; null naming the device when any is unknown), and energy per token and
     per sample (``step``: the step family, for throughput and its null reasons)."""
     fam = EnergyFamily()
@@ -258,15 +293,24 @@ def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
 
 
 def _disagreement(counted: list[dict[str, Any]], fam: EnergyFamily) -> None:
-    """(integral − counter) / counter × 100 over the devices where both are known."""
+    """(integral − counter) / counter × 100 over the devices where both are known; beyond
+    ``DISAGREEMENT_NOTE_PCT`` a note names both figures (``check``: what the summary's data quality says)."""
     both = [(s["energy_integral"].energy_j, s["energy_counter"].energy_j) for s in counted
             if s.get("energy_integral") is not None and s.get("energy_counter") is not None
             and s["energy_integral"].energy_j is not None and s["energy_counter"].energy_j is not None]
     if both:
         i = sum(x for x, _ in both)
         c = sum(y for _, y in both)
+        fam.check = {"integral_j": i, "counter_j": c, "devices": len(both), "threshold_pct": DISAGREEMENT_NOTE_PCT,
+                     "disagreement_pct": (i - c) / c * 100 if c else None, "note": None}
         if c:
-            fam.metrics["energy_disagreement_pct"] = (i - c) / c * 100
+            pct = fam.metrics["energy_disagreement_pct"] = (i - c) / c * 100
+            if abs(pct) > DISAGREEMENT_NOTE_PCT:
+                fam.check["note"] = (
+                    f"energy: the integral of the power readings ({i:.6g} J) is {pct:+.2f} % off the energy counter "
+                    f"({c:.6g} J) over the {len(both)} device(s) that have both; energy_j is the counter's, ∫power is "
+                    "kept as a cross-check (energy_integral_j, energy_disagreement_pct)")
+                fam.notes.append(fam.check["note"])
         else:
             fam.why_null["energy_disagreement_pct"] = "the energy counters read 0 J over the window"
     else:
