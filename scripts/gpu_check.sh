@@ -47,59 +47,20 @@ while [ $# -gt 0 ]; do
 done
 out=${out:-results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,driver_version,persistence_mode,power.limit --format=csv,noheader \
-    | sed 's/^/gpu_check: nvidia-smi: /' || true
-else
-  echo "gpu_check: nvidia-smi not found (continuing: the check reads NVML through nvidia-ml-py)"
-fi
+TAG=gpu_check
+# shellcheck source=scripts/gpu_common.sh
+. scripts/gpu_common.sh
+gpu_nvidia_smi "the check"
 
-cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
-project_ok() {
-  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$1" -c 'import numpy, pyarrow, pynvml, powertrain.monitor' \
-    >/dev/null 2>&1
-}
-
-py=""
-for cand in "${PYTHON:-}" .venv/bin/python .venv-gpu/bin/python python3; do
-  [ -n "$cand" ] || continue
-  [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1 || continue
-  if cuda_torch "$cand"; then py=$cand; break; fi
-done
-
-if [ -z "$py" ]; then
+if ! gpu_find_python; then
   if [ "$install_torch" = 0 ]; then
     echo "gpu_check: no Python here has a torch that sees a CUDA GPU (tried ${PYTHON:+$PYTHON, }.venv, .venv-gpu, python3)." >&2
     echo "gpu_check: rerun with --install-torch to put the CUDA build of torch==2.13.0 into .venv, or set PYTHON=/path/to/python." >&2
     exit 2
   fi
-  scripts/setup.sh
-  echo "gpu_check: installing the CUDA build of torch==2.13.0 from PyPI into .venv"
-  .venv/bin/python -m pip uninstall -y -q torch
-  # Bypass any local wheel mirror configured for CPU-only machines: PyPI's Linux torch is the CUDA build.
-  env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
-    .venv/bin/python -m pip install -q --index-url https://pypi.org/simple torch==2.13.0
-  cuda_torch .venv/bin/python || {
-    echo "gpu_check: torch installed but it sees no CUDA GPU (driver too old for this torch build?)" >&2
-    exit 2
-  }
-  py=.venv/bin/python
+  gpu_install_torch
 fi
-
-if ! project_ok "$py"; then
-  case "$py" in
-    .venv/bin/python) scripts/setup.sh ;;
-    *)
-      echo "gpu_check: $py has CUDA torch but not the project's packages; making .venv-gpu (system packages + the project)"
-      "$py" -m venv --system-site-packages .venv-gpu
-      .venv-gpu/bin/python -m pip install -q -e ".[nvidia]" || {
-        echo "gpu_check: could not install the project into .venv-gpu (offline?); install numpy, pyarrow and nvidia-ml-py for $py" >&2
-        exit 2
-      }
-      py=.venv-gpu/bin/python ;;
-  esac
-  project_ok "$py" || { echo "gpu_check: $py still cannot import numpy, pyarrow, pynvml and powertrain" >&2; exit 2; }
-fi
+gpu_project_python
 
 echo "gpu_check: using $py ($("$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
 set +e
