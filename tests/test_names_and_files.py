@@ -505,3 +505,19 @@ def test_a_run_id_from_many_long_axis_values_stays_one_folder_name() -> None:
     assert len(a) <= MAX_RUN_ID and name_problem(a) is None
     assert a != b
     assert run_id({"model": "gpt3-175b", "layout.tp": 2}) == "gpt3-175b.tp2"
+
+
+def test_the_html_report_shows_control_and_bidi_characters_of_a_name_as_escapes(tmp_path: Path) -> None:
+    """A run name holding a right-to-left override and an escape sequence reaches the report's HTML as
+    visible escapes (html.escape alone leaves U+202E, which reverses what a reader sees)."""
+    from powertrain.analyze.synthetic import write_run
+    from powertrain.report.build import build_report
+
+    run = write_run(tmp_path / "run", hosts=1, devices_per_host=1, steps=2)
+    info = json.loads((run / "run.json").read_text())
+    info["name"] = "run\u202etxt.exe\x1b[2J"
+    (run / "run.json").write_text(json.dumps(info))
+    out = build_report(run, tmp_path / "rep", formats=())
+    page = Path(out).read_text(encoding="utf-8")  # build_report returns the HTML path
+    assert "\u202e" not in page and "\x1b" not in page
+    assert "\\u202e" in page
