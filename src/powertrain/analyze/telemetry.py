@@ -62,9 +62,8 @@ from powertrain.analyze import device_pass
 from powertrain.analyze.device_pass import GAP_FACTOR as GAP_FACTOR
 from powertrain.analyze.device_pass import INTEGRATED
 from powertrain.core.energy import DEFAULT_HOLD_LIMIT_S, Intervals, merge_intervals
-from powertrain.core.files import is_regular_file
 from powertrain.schema import COUNTER_FIELDS, TELEMETRY_FIELDS, TELEMETRY_SCHEMA, Throttle
-from powertrain.store.tables import POWER_SAMPLES_DIR, telemetry_files
+from powertrain.store.tables import power_samples_files, telemetry_files
 
 log = logging.getLogger(__name__)
 
@@ -485,27 +484,6 @@ def device_mean_chunks(con: duckdb.DuckDBPyConnection, w0: int, w1: int, bucket_
 # polls: a stream beside the telemetry rows, one row per driver sample (t_ns, host, device, power_w), in
 # ``telemetry/power-samples/<host>.parquet`` (store.tables.POWER_SAMPLES_DIR), with its ``.parts``
 # segments while it streams.
-
-
-def power_samples_files(run_dir: str | Path) -> list[Path]:
-    """The readable files of a run's buffered power samples (regular files only; a segment without a
-    readable footer skipped, as the telemetry readers skip one). Nothing is loaded: DuckDB scans them
-    (``store.tables.read_power_samples`` would hold every sample of a long run)."""
-    folder = Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR
-    if not folder.is_dir():
-        return []
-    out = [p for p in sorted(folder.glob("*.parquet")) if is_regular_file(p)]
-    out += [p for parts in sorted(folder.glob("*.parts")) for p in sorted(parts.glob("seg-*.parquet"))
-            if is_regular_file(p) and _readable(p)]
-    return out
-
-
-def _readable(path: Path) -> bool:
-    try:
-        pq.read_metadata(path)
-    except (OSError, pa.ArrowInvalid):
-        return False
-    return True
 
 
 def buffer_stats(con: duckdb.DuckDBPyConnection, run_dir: str | Path, w0: int, w1: int

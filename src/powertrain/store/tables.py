@@ -217,7 +217,17 @@ def telemetry_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     stream its compacted file, then its segments (a run still streaming, or left so by a crash). A
     torn segment (no readable footer) is skipped, as the readers skip it. Nothing is loaded: for
     scanners (DuckDB, Arrow datasets) that stream the rows."""
-    folder = Path(run_dir) / "telemetry"
+    return _stream_files(Path(run_dir) / "telemetry")
+
+
+def power_samples_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The readable Parquet files of a run's buffered power samples (``telemetry/power-samples/``), as
+    :func:`telemetry_files` gives the telemetry's: for scanners, nothing loaded."""
+    return _stream_files(Path(run_dir) / "telemetry" / POWER_SAMPLES_DIR)
+
+
+def _stream_files(folder: Path) -> list[Path]:
+    """Per stream in ``folder`` its compacted file, then its segments with a readable footer."""
     out: list[Path] = []
     for stream in _streams(folder) if folder.is_dir() else []:
         final = stream.with_name(stream.name + ".parquet")

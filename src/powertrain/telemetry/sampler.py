@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from powertrain.core.clock import AnchoredClock
 from powertrain.core.sampling import check_rate_hz
 from powertrain.schema import POWER_SAMPLES_SCHEMA, TELEMETRY_SCHEMA, empty_telemetry_row
 from powertrain.store.reserve import SAMPLER_RESERVE_BYTES, hold_space, release_space, reserve_path
@@ -156,8 +157,8 @@ class Sampler:
         self._t_flushed_ns: int | None = None  # the last sample known to be on disk
         # (wall, monotonic) clock functions, ns: injected by tests; rows are stamped on the wall clock
         # read once here plus monotonic time since (module doc)
-        self._wall_ns, self._mono_ns = clocks
-        self._anchor = (self._wall_ns(), self._mono_ns())
+        self._wall_ns = clocks[0]
+        self._clock = AnchoredClock(*clocks)
         self._last_wall: int | None = None
         self.steps_back = 0
         self.stepped_back_ns = 0
@@ -234,8 +235,7 @@ class Sampler:
     def _sampler_now(self) -> tuple[int, int]:
         """(the system wall clock, the sampler's own: its start's wall clock + monotonic time since) now;
         counts a step back of the system clock since the previous sample."""
-        wall, mono = self._wall_ns(), self._mono_ns()
-        own = self._anchor[0] + (mono - self._anchor[1])
+        wall, own = self._wall_ns(), self._clock.now_ns()
         if self._last_wall is not None and wall < self._last_wall:
             self.steps_back += 1
             self.stepped_back_ns += self._last_wall - wall

@@ -87,10 +87,10 @@ class RunContext:
 
     @property
     def tokens(self) -> float | None:
-        """Tokens of all measured steps; None when any step's count is unknown or negative (a count
-        below zero is not a count: summed, it gave negative joules per token)."""
+        """Tokens of all measured steps; None when any step's count is unknown (a count below zero is
+        unknown already: analyze.steps keeps it out, data_quality.dropped_steps.negative_counts)."""
         sd = self.sd
-        if sd is None or np.isnan(sd.tokens).any() or (sd.tokens < 0).any():
+        if sd is None or np.isnan(sd.tokens).any():
             return None
         return float(np.sum(sd.tokens))
 
@@ -244,9 +244,6 @@ def open_context(run: RunDir, info: dict[str, Any]) -> RunContext:
     if missing.get("why"):
         notes.append(f"{missing['why']}: the run's energy, the cluster's power and energy per token are null; "
                      "per-device figures cover what was measured (data_quality.missing_devices)")
-    if sd is not None and (sd.tokens < 0).any():
-        notes.append(f"{int((sd.tokens < 0).sum())} measured step(s) have a negative token count: per-token "
-                     "metrics are null (a count below zero is not a count)")
     for s in dev_stats:  # mean power over the window = energy / window seconds (null where energy is)
         e = s.get("energy_integral")
         if e is not None:

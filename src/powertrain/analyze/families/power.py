@@ -287,8 +287,6 @@ def energy_family(ctx: RunContext, step: Family) -> EnergyFamily:
         fam.notes.append(f"energy holds the nearest reading at the window's edges on {len(held)} device(s), "
                          f"at most {most:.2f} s ({name}); data_quality.devices[].edge_held_s per device")
     _per_work(ctx.tokens, step, fam)
-    if ctx.tokens is None and ctx.sd is not None and (ctx.sd.tokens < 0).any():
-        why["j_per_token"] = why["tokens_per_j"] = "a measured step has a negative token count"
     return fam
 
 
