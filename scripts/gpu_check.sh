@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The NVIDIA telemetry path end to end on one real GPU (issue 2, deliverable 6). Not part of .ci/run.
 #
-#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [--no-train] [--no-controls] [-- ARGS for python -m powertrain.launch.gpu_check]
+#   scripts/gpu_check.sh [OUT_DIR] [--install-torch] [--no-train] [--no-controls] [--rehearse] [-- ARGS for python -m powertrain.launch.gpu_check]
 #
 # 1. Samples at 20 Hz around ~10 s idle, ~60 s bf16 matmul burn on CUDA device 0, ~10 s idle, then
 #    checks that power rises well above idle, the energy counter agrees with the integral of power
@@ -23,11 +23,19 @@
 # --install-torch replaces it there with the CUDA build of torch==2.13.0 from PyPI (a few GB).
 # A system Python with CUDA torch but without the project's packages gets .venv-gpu, a venv that
 # sees the system packages (so its torch) and adds the project.
+#
+# --rehearse, for tests only: no GPU is used. The NVML stand-in of tests/standins is pynvml for every
+# process (one stand-in GPU in OUT_DIR/stand-in-gpus.json whose power follows the load of the program
+# that samples it, and whose temperatures and SM clock follow that power); step 1 burns bf16 matmuls on
+# this CPU (gpu_check --cpu, 2 s idle, 7 s burn); step 2 trains examples/rehearsal-llama-cpu.yaml on
+# this CPU under the sampler; step 3 is not rehearsed (its load is a CUDA kernel and the stand-in's
+# power does not obey a limit). Every report says REHEARSAL; no figure in it is a GPU's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=""
 install_torch=0
+rehearse=0
 train=1
 controls=1
 extra=()
@@ -36,7 +44,8 @@ while [ $# -gt 0 ]; do
     --install-torch) install_torch=1 ;;
     --no-train) train=0 ;;
     --no-controls) controls=0 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rehearse) rehearse=1 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     --) shift; extra+=("$@"); break ;;
     -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -50,6 +59,31 @@ out=${out:-results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 TAG=gpu_check
 # shellcheck source=scripts/gpu_common.sh
 . scripts/gpu_common.sh
+stand_in() {  # $1: the stand-in GPU's power waveform and what follows it (FakeGpu keyword arguments)
+  "$py" -c 'import json, sys; from pathlib import Path; from standins.fake_nvml import FakeGpu
+from standins.nvml_state import write_state
+write_state(Path(sys.argv[1]), [FakeGpu(**json.loads(sys.argv[2]))])' "$FAKE_NVML_STATE" "$1"
+}
+
+burn_args=()
+train_spec=examples/run-llama-1gpu.yaml
+if [ "$rehearse" = 1 ]; then
+  py=${PYTHON:-.venv/bin/python}
+  export PYTHONPATH="$PWD/tests/standins/nvml_shim:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+  mkdir -p "$out"
+  FAKE_NVML_STATE="$(cd "$out" && pwd)/stand-in-gpus.json"
+  export FAKE_NVML_STATE
+  # idle 80 W; the burn's CPU load drives it towards 650 W; +0.05 °C per W over 2 s; 345 MHz when idle
+  stand_in '{"power_mw": 80000, "temp_c_per_w": 0.05, "clock_sm_idle_mhz": 345,
+             "sensor_spec": {"waveform": "cpu_load", "args": {"idle_w": 80, "busy_w": 650}}}' \
+    || { echo "gpu_check: cannot run here: $py cannot write the NVML stand-in's state" >&2; exit 2; }
+  project_ok "$py" || { echo "gpu_check: cannot run here: $py cannot import numpy, pyarrow, pynvml and powertrain (scripts/setup.sh)" >&2; exit 2; }
+  echo "gpu_check: REHEARSAL on the NVML stand-in (tests/standins; state $FAKE_NVML_STATE), burn and training on this CPU — no GPU is used"
+  burn_args=(--cpu --idle 2 --burn 7 --size 256)
+  train_spec=examples/rehearsal-llama-cpu.yaml
+  controls=0
+  echo "gpu_check: device-controls step not rehearsed: its load is a CUDA kernel and the stand-in's power does not obey a limit"
+else
 gpu_nvidia_smi "the check"
 
 if ! gpu_find_python; then
@@ -61,10 +95,12 @@ if ! gpu_find_python; then
   gpu_install_torch
 fi
 gpu_project_python
+fi
 
 echo "gpu_check: using $py ($("$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
 set +e
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.launch.gpu_check --out "$out" ${extra[@]+"${extra[@]}"}
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.launch.gpu_check --out "$out" \
+  ${burn_args[@]+"${burn_args[@]}"} ${extra[@]+"${extra[@]}"}
 rc=$?
 set -e
 case $rc in
@@ -76,8 +112,13 @@ esac
 
 if [ "$train" = 1 ]; then
   pt() { PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.cli "$@"; }
-  echo "gpu_check: training examples/run-llama-1gpu.yaml on the GPU under the sampler → $out/train"
-  if pt run examples/run-llama-1gpu.yaml --out "$out/train"; then
+  if [ "$rehearse" = 1 ]; then
+    # a training step's power (the H200 run's 1.1 Hz swing) behind the 25-ms-of-100-ms sensor
+    stand_in '{"sensor_spec": {"waveform": "training_swing"}}' \
+      || { echo "gpu_check: cannot write the NVML stand-in's state for the training step" >&2; exit 2; }
+  fi
+  echo "gpu_check: training $train_spec under the sampler → $out/train"
+  if pt run "$train_spec" --out "$out/train"; then
     pt summarize "$out/train" || rc=1
   else
     echo "gpu_check: the training run FAILED — see $out/train/logs/"

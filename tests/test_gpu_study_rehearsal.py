@@ -6,9 +6,11 @@ runs under the sampler, summaries, one report, the predicted-vs-measured table â
 of every process, so the NVIDIA backend sees one stand-in GPU. The table must label the stand-in's
 figures as such: nothing in it may read as measured on a GPU.
 
-``gpu_check.sh`` needs a CUDA torch for its matmul burn, so only its shell path up to that is
-rehearsed: ``--help`` and the exit-2 "cannot run here" path (both scripts share the Python selection
-of scripts/gpu_common.sh).
+``gpu_check.sh --rehearse`` runs its checks and its training step the same way: the stand-in GPU's
+power follows the load of the program that samples it (``cpu_load``) and its temperatures and SM
+clock follow that power, so the burn on this CPU (``gpu_check --cpu``) must make every check pass,
+and its report must say REHEARSAL. Without ``--rehearse`` and without a CUDA torch, both scripts
+refuse in one place (exit 2; they share the Python selection of scripts/gpu_common.sh).
 """
 
 from __future__ import annotations
@@ -184,9 +186,34 @@ def _header(script: Path) -> str:
 def test_help_is_the_header_comment(name):
     res = subprocess.run(["bash", str(SCRIPTS / name), "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip()
-    # gpu_check.sh prints its header less the last line, as before gpu_common.sh was factored out of it
-    assert res.stdout == _header(SCRIPTS / name) if name == "gpu_study.sh" else _header(SCRIPTS / name).startswith(res.stdout)
+    assert res.stdout == _header(SCRIPTS / name)
     assert "Exit 0" in res.stdout and "--install-torch" in res.stdout and "OUT_DIR" in res.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_rehearsal_passes_every_check_and_says_it_is_a_rehearsal(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, LEDGER_ENV: str(tmp_path / "ledger.json")}
+    env.pop("FAKE_NVML_STATE", None)
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--rehearse"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["rehearsal"] is True and report["passed"] is True
+    names = {c["name"] for c in report["checks"] if c["passed"]}
+    assert {"power rises", "energy agrees with power", "temp_c moves", "clock_sm_mhz moves",
+            "throttle reasons read", "sampling keeps up"} <= names
+    assert report["burn"]["on"].startswith("this CPU")
+    md = (out / "gpu_check.md").read_text()
+    assert md.startswith("# GPU check â€” REHEARSAL, burn on this CPU") and "ALL CHECKS PASSED" in md
+    assert "device-controls step not rehearsed" in res.stdout
+    train = json.loads((out / "train" / "run.json").read_text())
+    assert train["status"] == "ok" and train["stand_in"] == {"device": "h200", "ran_on": "cpu"}
+    assert any(d["vendor"] == "nvidia" for d in train["devices"])
+    for run in ("run", "train"):
+        assert (out / run / "report" / "report.html").is_file()
+    (gpu,) = read_state(out / "stand-in-gpus.json")
+    assert gpu.history == [] and gpu.power_limit_mw == gpu.power_default_mw  # no setting was touched
 
 
 def test_gpu_check_without_a_cuda_gpu_says_so_and_exits_2(tmp_path):

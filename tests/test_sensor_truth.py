@@ -201,3 +201,20 @@ def test_without_the_buffer_the_run_says_so_and_writes_no_stream(tmp_path):
     info = backend.devices()[0].properties["power_buffer"]
     assert (info["used"], info["why_not"]) == (False, "NVML: Not Supported")
     json.dumps(backend.devices()[0].to_dict())  # what meta.json and run.json hold is plain JSON
+
+
+def test_the_stand_ins_temperatures_clock_and_reasons_follow_its_power():
+    """What gpu_check.sh --rehearse relies on: idle reads idle, a sustained load heats and clocks up."""
+    clock = FakeClock()
+    sensor = clock.sensor(lambda t: 80.0 if t < 3.0 else 680.0)
+    gpu = FakeGpu(power_mw=80_000, temp_c_per_w=0.05, clock_sm_idle_mhz=345, sensor=sensor)
+    nvml = FakeNvml([gpu])
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    reads = []
+    for dt in (0.0, 5.0):  # the sensor's time starts at its first read: t = 0 (idle), then t = 5 s
+        clock.advance(dt)
+        reads.append((nvml.nvmlDeviceGetTemperature(h, 0), nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
+                      nvml.nvmlDeviceGetCurrentClocksEventReasons(h)))
+    assert reads[0] == (35, 345, nvml.nvmlClocksEventReasonGpuIdle)
+    assert reads[1] == (35 + 30, 1980, 0)  # 0.05 °C/W × 600 W over idle: the 2 s window is all at 680 W

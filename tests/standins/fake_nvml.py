@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import string
 import time
 from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -201,7 +203,45 @@ def training_swing(mean_w: float = 650.0, swing_w: float = 89.0, freq_hz: float 
     return truth
 
 
-WAVEFORMS: dict[str, Callable[..., Callable[[float], float]]] = {"training_swing": training_swing}
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds (Linux /proc: clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_load(idle_w: float = 80.0, busy_w: float = 650.0, pid: int | str = "parent", every_s: float = 0.1,
+             saturate: float = 0.1) -> Callable[[float], float]:
+    """Power that follows a process's CPU load: ``idle_w`` + (``busy_w`` − ``idle_w``) × min(1, its CPU
+    use ÷ ``saturate``) over the last ``every_s`` or more of wall time (CPU use: one core = 1). As a GPU
+    runs at full power while its host keeps kernels queued, however slow the host, any use above
+    ``saturate`` (10 % of a core) is full load: on a busy machine the waveform is still idle or busy,
+    not the scheduler's noise. ``pid="parent"``: the
+    parent of the process reading the sensor (the sampler's parent: the program under test), so a
+    load the program runs on this CPU in place of a GPU kernel (``gpu_check --cpu``) is seen by the
+    stand-in as device load, as a real GPU sees its kernels. The truth is known only as time passes:
+    each call reads the load since the previous reading, so the waveform between two readings is
+    their mean (a step, never a guess of the future)."""
+    state: dict[str, float] = {}
+
+    def truth(t: float) -> float:
+        now = time.monotonic()
+        if "wall" not in state or now - state["wall"] >= every_s:
+            target = os.getppid() if pid == "parent" else int(pid)
+            try:
+                cpu = _cpu_seconds(target)
+            except (OSError, IndexError, ValueError):  # the process is gone: nothing loads the device
+                cpu = state.get("cpu", 0.0)
+            if "wall" in state:
+                use = (cpu - state["cpu"]) / (now - state["wall"])
+                state["use"] = min(1.0, max(0.0, use / saturate))
+            state["wall"], state["cpu"] = now, cpu
+        return idle_w + (busy_w - idle_w) * state.get("use", 0.0)
+
+    return truth
+
+
+WAVEFORMS: dict[str, Callable[..., Callable[[float], float]]] = {"training_swing": training_swing,
+                                                                 "cpu_load": cpu_load}
 
 _MS = 1_000_000  # ns
 
@@ -400,6 +440,15 @@ class FakeGpu:
     # Without either, nvmlDeviceGetSamples answers NOT_SUPPORTED (a scripted GPU has no buffer).
     sensor: PowerSensor | None = None
     sensor_spec: dict[str, Any] | None = None
+    # With a sensor: temperatures and the SM clock that follow its power (otherwise they are the fixed
+    # temp_c, mem_temp_c, clock_sm_mhz above). Both temperatures rise by temp_c_per_w °C per W of the
+    # sensor's true mean power over the last thermal_s above power_mw (the idle power); the SM clock
+    # reads clock_sm_idle_mhz, with the GPU-idle clock-event reason, while the last 100 ms average
+    # within 50 W of idle, clock_sm_mhz with no reason otherwise. A first-order stand-in for a GPU
+    # heating and clocking up under load, enough for a check that temperatures and clocks move.
+    temp_c_per_w: float = 0.0
+    thermal_s: float = 2.0
+    clock_sm_idle_mhz: int | None = None
 
     def advance(self, seconds: float) -> None:
         """Let time pass at the current power: the energy counter grows by power × time."""
@@ -551,15 +600,34 @@ class FakeNvml:
         return (9, 0)
 
     # -- per-sample reads --------------------------------------------------------------------------
+    def _heat_c(self, h: _Handle, g: FakeGpu) -> int:
+        """°C above the scripted temperatures (FakeGpu.temp_c_per_w)."""
+        sensor = self._sensor(h, g)
+        if sensor is None or not g.temp_c_per_w:
+            return 0
+        t = sensor.now_s()
+        above_w = sensor.mean_w(t, g.thermal_s) - g.power_mw / 1000
+        return round(g.temp_c_per_w * max(0.0, above_w))
+
+    def _busy(self, h: _Handle, g: FakeGpu) -> bool | None:
+        """Whether the sensor's last 100 ms are above idle (FakeGpu.clock_sm_idle_mhz); None: not modelled."""
+        sensor = self._sensor(h, g)
+        if sensor is None or g.clock_sm_idle_mhz is None:
+            return None
+        return sensor.mean_w(sensor.now_s(), 0.1) > g.power_mw / 1000 + 50
+
     def nvmlDeviceGetTemperature(self, h: _Handle, sensor: int) -> int:
-        return self._gpu("nvmlDeviceGetTemperature", h).temp_c
+        g = self._gpu("nvmlDeviceGetTemperature", h)
+        return g.temp_c + self._heat_c(h, g)
 
     def nvmlDeviceGetTemperatureV(self, h: _Handle, sensor: int, version: int = 0x100000C) -> int:
-        return self._gpu("nvmlDeviceGetTemperatureV", h).temp_c
+        g = self._gpu("nvmlDeviceGetTemperatureV", h)
+        return g.temp_c + self._heat_c(h, g)
 
     def nvmlDeviceGetClockInfo(self, h: _Handle, clock: int) -> int:
         g = self._gpu("nvmlDeviceGetClockInfo", h)
-        return {NVML_CLOCK_SM: g.clock_sm_mhz, NVML_CLOCK_MEM: g.clock_mem_mhz}[clock]
+        sm = g.clock_sm_idle_mhz if self._busy(h, g) is False else g.clock_sm_mhz
+        return {NVML_CLOCK_SM: sm, NVML_CLOCK_MEM: g.clock_mem_mhz}[clock]
 
     def nvmlDeviceGetUtilizationRates(self, h: _Handle) -> SimpleNamespace:
         g = self._gpu("nvmlDeviceGetUtilizationRates", h)
@@ -648,11 +716,17 @@ class FakeNvml:
         member = _MEMBER[NVML_VALUE_TYPE_UNSIGNED_INT]
         return NVML_VALUE_TYPE_UNSIGNED_INT, [_Sample(ts, member, mw) for ts, mw in got]
 
+    def _reasons(self, h: _Handle, g: FakeGpu) -> int:
+        busy = self._busy(h, g)
+        if busy is None:
+            return g.reasons
+        return 0 if busy else nvmlClocksEventReasonGpuIdle
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
-        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h).reasons
+        return self._reasons(h, self._gpu("nvmlDeviceGetCurrentClocksEventReasons", h))
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: _Handle) -> int:
-        return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", h).reasons
+        return self._reasons(h, self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", h))
 
     def nvmlDeviceGetFanSpeed(self, h: _Handle) -> int:
         return self._gpu("nvmlDeviceGetFanSpeed", h).fan_pct
@@ -667,16 +741,18 @@ class FakeNvml:
         g = self._gpu("nvmlDeviceGetFieldValues", h)
         now_us = self._now_us(h, g)
         sensor = self._sensor(h, g)
+        heat_c = self._heat_c(h, g)
         out = []
         for item in fieldIds:
             fid, scope = item if isinstance(item, tuple) else (item, 0)  # a bare id means scopeId 0
-            ret, vtype, value = self._field(g, fid, scope, sensor)
+            ret, vtype, value = self._field(g, fid, scope, sensor, heat_c)
             out.append(SimpleNamespace(
                 fieldId=fid, scopeId=scope, timestamp=now_us, latencyUsec=0, valueType=vtype,
                 nvmlReturn=ret, value=_Union(_MEMBER[vtype], value if ret == NVML_SUCCESS else None)))
         return out
 
-    def _field(self, g: FakeGpu, fid: int, scope: int, sensor: PowerSensor | None = None) -> tuple[int, int, Any]:
+    def _field(self, g: FakeGpu, fid: int, scope: int, sensor: PowerSensor | None = None, heat_c: int = 0
+               ) -> tuple[int, int, Any]:
         const = _FIELD_NAMES.get(fid)
         if const is None:
             return NVML_ERROR_INVALID_ARGUMENT, NVML_VALUE_TYPE_UNSIGNED_INT, None
@@ -702,7 +778,7 @@ class FakeNvml:
             NVML_FI_DEV_POWER_INSTANT: (u32, g.power_mw),
             NVML_FI_DEV_POWER_AVERAGE: (u32, g.power_avg_mw),
             NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (u64, g.energy_mj),
-            NVML_FI_DEV_MEMORY_TEMP: (u32, g.mem_temp_c),
+            NVML_FI_DEV_MEMORY_TEMP: (u32, g.mem_temp_c + heat_c),
             NVML_FI_DEV_POWER_CURRENT_LIMIT: (u32, g.power_limit_mw),
             NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (u32, g.pcie_tx % 2**32),
             NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (u32, g.pcie_rx % 2**32),

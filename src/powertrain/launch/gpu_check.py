@@ -210,15 +210,20 @@ def _burn(torch: Any, device: Any, seconds: float, n: int) -> dict[str, Any]:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     torch.matmul(a, b, out=c)  # warm-up: cuBLAS picks its kernel outside the timed region
-    torch.cuda.synchronize(device)
+    sync()
     t0 = time.time_ns()
     deadline = time.monotonic() + seconds
     iters = 0
     while time.monotonic() < deadline:
         for _ in range(10):
             torch.matmul(a, b, out=c)
-        torch.cuda.synchronize(device)
+        sync()
         iters += 10
     t1 = time.time_ns()
     return {"t_start_ns": t0, "t_end_ns": t1, "matmuls": iters, "n": n,
@@ -235,12 +240,12 @@ def _gpu_label(devices: list[dict[str, Any]], uuid: str | None, index: int) -> s
 
 def _markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"# GPU check — {report['date']}",
+        f"# GPU check{' — REHEARSAL, burn on this CPU' if report.get('rehearsal') else ''} — {report['date']}",
         "",
         f"GPU: {report['gpu'].get('name')} ({report['gpu_label']}, UUID {report['gpu'].get('uuid')}), "
         f"driver {report['software'].get('nvidia_driver')}, torch {report['torch']}.",
-        f"Burn: {report['burn']['matmuls']} bf16 {report['burn']['n']}² matmuls, "
-        f"{report['burn']['tflops']:.0f} TFLOP/s. Run directory: `{report['run_dir']}`.",
+        f"Burn on {report['burn']['on']}: {report['burn']['matmuls']} bf16 {report['burn']['n']}² matmuls, "
+        f"{report['burn']['tflops']:.3g} TFLOP/s. Run directory: `{report['run_dir']}`.",
         "",
         f"**{'ALL CHECKS PASSED' if report['passed'] else 'SOME CHECKS FAILED'}**",
         "",
@@ -262,6 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=RATE_HZ, help="sampling rate in Hz (20)")
     ap.add_argument("--device", type=int, default=0, help="CUDA device index to burn (0)")
     ap.add_argument("--size", type=int, default=8192, help="matrix size n of the n×n bf16 matmul (8192)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="rehearsal: run the burn on this CPU, not on a CUDA GPU (the checks then pass only "
+                         "where the NVML library's GPU follows this process's load: the test suite's "
+                         "stand-in, scripts/gpu_check.sh --rehearse); the report says so")
     ap.add_argument("--controls", action="store_true",
                     help="instead: the device-controls check (power limit and SM clock lock set, loaded, restored; "
                          "needs root), powertrain.launch.gpu_control_check")
@@ -287,7 +296,7 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError:
         log.error("gpu_check: torch is not installed here; it needs a CUDA-enabled torch")
         return 2
-    if not torch.cuda.is_available():
+    if not args.cpu and not torch.cuda.is_available():
         log.error("gpu_check: torch %s sees no CUDA GPU (a CPU build, or no driver); "
                   "run with a CUDA-enabled torch on a machine with an NVIDIA GPU", torch.__version__)
         return 2
@@ -305,10 +314,14 @@ def _run(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = args.out / "run"
-    device = torch.device(f"cuda:{args.device}")
-    props = torch.cuda.get_device_properties(device)
-    uuid = str(getattr(props, "uuid", "") or "") or None
-    print(f"gpu_check: {props.name}; sampling at {args.rate:g} Hz into {run_dir}")
+    if args.cpu:  # the burn's device is this CPU; the GPU telemetry read is NVML's GPU args.device
+        device, uuid, burn_on = torch.device("cpu"), None, "this CPU (rehearsal: no GPU kernel runs)"
+    else:
+        device = torch.device(f"cuda:{args.device}")
+        props = torch.cuda.get_device_properties(device)
+        uuid = str(getattr(props, "uuid", "") or "") or None
+        burn_on = str(props.name)
+    print(f"gpu_check: burn on {burn_on}; sampling at {args.rate:g} Hz into {run_dir}")
     try:
         with Monitor(run_dir, rate_hz=args.rate, backends=["nvidia", "host"], name="gpu-check") as mon:
             t_idle0 = time.time_ns()
@@ -316,7 +329,7 @@ def _run(args: argparse.Namespace) -> int:
             time.sleep(args.idle)
             print(f"gpu_check: bf16 matmul burn {args.burn:g} s")
             burn = _burn(torch, device, args.burn, args.size)
-            print(f"gpu_check: {burn['tflops']:.0f} TFLOP/s; idle {args.idle:g} s")
+            print(f"gpu_check: {burn['tflops']:.3g} TFLOP/s; idle {args.idle:g} s")
             time.sleep(args.idle)
             t_idle1 = time.time_ns()
             if not mon.check_sampler():
@@ -335,11 +348,12 @@ def _run(args: argparse.Namespace) -> int:
     report = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "passed": all(c.passed for c in checks),
+        "rehearsal": bool(args.cpu),
         "gpu_label": label,
         "gpu": gpu,
         "software": info.get("device_software", {}),
         "torch": torch.__version__,
-        "burn": burn,
+        "burn": {**burn, "on": burn_on},
         "phases": asdict(phases),
         "run_dir": str(run_dir),
         "run_status": info.get("status"),

@@ -138,6 +138,11 @@ class _Slot:
     field_id: int
     scope: int
     unwrap: Unwrapper | None = None
+    # The value's union member for the last valueType seen: the type of a field does not change
+    # between reads, and looking it up once per slot instead of once per read is most of the
+    # batched read's Python cost (benchmarks/sampler_buffer_cost.py).
+    vtype: int | None = None
+    member: str = ""
 
 
 @dataclass
@@ -170,6 +175,7 @@ class _Gpu:
     handle: Any
     info: DeviceInfo
     slots: list[_Slot] = field(default_factory=list)
+    field_ids: list[tuple[int, int]] = field(default_factory=list)  # the slots' (fieldId, scopeId), once
     readers: list[_Reader] = field(default_factory=list)
     lost: bool = False  # NVML said "GPU is lost": no more calls on this handle
     failing: bool = False  # the last sample had no successful read at all
@@ -351,6 +357,7 @@ class NvidiaBackend(Backend):
             elif ret not in _NOT_OFFERED:
                 odd.setdefault(slot.spec.column, ret)
         gpu.slots = kept
+        gpu.field_ids = [(s.field_id, s.scope) for s in kept]
         for col, ret in odd.items():
             if col not in {s.spec.column for s in kept}:  # not offered ≠ failed: say which it was
                 self.notes.append(f"NVIDIA: gpu{gpu.index}: {col} not read (NVML returned code {ret} at open)")
@@ -639,14 +646,14 @@ class NvidiaBackend(Backend):
         ok = 0
         if gpu.slots:
             try:
-                values = self._nvml.nvmlDeviceGetFieldValues(
-                    gpu.handle, [(s.field_id, s.scope) for s in gpu.slots])
+                values = self._nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_ids)
             except Exception as exc:
                 errors["field values"] = _err(exc)
                 lost |= _is_lost(exc)
             else:
-                ok += self._apply_fields(gpu, values, row, errors)
-                lost |= any(int(v.nvmlReturn) == _GPU_IS_LOST for v in values)
+                read, field_lost = self._apply_fields(gpu, values, row, errors)
+                ok += read
+                lost |= field_lost
         for reader in gpu.readers:
             assert reader.fn is not None
             try:
@@ -678,37 +685,41 @@ class NvidiaBackend(Backend):
         row["power_repeat"] = False
         gpu.power_prev, gpu.power_seen_ns = v, t
 
-    def _apply_fields(self, gpu: _Gpu, values: Any, row: dict[str, Any], errors: dict[str, str]) -> int:
+    def _apply_fields(self, gpu: _Gpu, values: Any, row: dict[str, Any], errors: dict[str, str]
+                      ) -> tuple[int, bool]:
+        """Decode one batched read into ``row``: (values read, whether NVML said the GPU is lost)."""
         success = int(getattr(self._nvml, "NVML_SUCCESS", 0))
         sums: dict[str, float | None] = {}
-        ok = 0
+        ok, lost = 0, False
         for slot, value in zip(gpu.slots, values, strict=True):
-            col = slot.spec.column
-            raw = self._decode(value) if int(value.nvmlReturn) == success else None
+            spec = slot.spec
+            col = spec.column
+            code = int(value.nvmlReturn)
+            raw = None
+            if code == success:
+                vtype = int(value.valueType)
+                if vtype != slot.vtype:
+                    slot.vtype, slot.member = vtype, _VALUE_MEMBER.get(vtype, ("ullVal", None))[0]
+                raw = getattr(value.value, slot.member, None)
             if raw is None:
-                errors[col] = f"NVML return code {int(value.nvmlReturn)}"
+                lost |= code == _GPU_IS_LOST
+                errors[col] = f"NVML return code {code}"
                 sums[col] = None  # a partial link sum would be a wrong total: the column is unknown
                 continue
             ok += 1
-            if slot.spec.counter:
+            if spec.counter:
                 if slot.unwrap is None:
                     slot.unwrap = Unwrapper(_VALUE_MEMBER.get(int(value.valueType), ("", None))[1])
                 raw = slot.unwrap(raw)
                 assert raw is not None  # a value in, a value out: only None un-wraps to None
-            scaled = float(raw) * slot.spec.scale
-            if slot.spec.per_link:
-                if col not in sums:
-                    sums[col] = scaled
-                elif (total := sums[col]) is not None:
-                    sums[col] = total + scaled
-            else:
+            scaled = float(raw) * spec.scale
+            if not spec.per_link or col not in sums:
                 sums[col] = scaled
+            elif (total := sums[col]) is not None:
+                sums[col] = total + scaled
         for col, v in sums.items():
-            if v is not None and col in _INT_COLUMNS:
-                row[col] = round(v)
-            else:
-                row[col] = v
-        return ok
+            row[col] = round(v) if v is not None and col in _INT_COLUMNS else v
+        return ok, lost
 
     def _account(self, gpu: _Gpu, row: dict[str, Any], errors: dict[str, str], ok: int, lost: bool) -> None:
         """Turn read errors into incidents: one per GPU failure, one per field that starts failing."""
