@@ -23,13 +23,12 @@ import argparse
 import itertools
 import statistics
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 from powertrain.advise.search import throughput_interval
 from powertrain.predict import Calibration, Case, load_calibration, predict
-from powertrain.predict.memory import least_recompute_that_fits
 from powertrain.predict.published import CALIBRATION_RUNS, PublishedRun, load_published
+from powertrain.predict.validation import complete_recompute
 
 
 def job_key(r: PublishedRun) -> tuple[object, ...]:
@@ -94,12 +93,10 @@ def main() -> int:
     args = ap.parse_args()
     cal = load_calibration(args.profile)
     groups: dict[tuple[object, ...], list[PublishedRun]] = defaultdict(list)
-    for r in load_published(args.file):
-        if r.skip or r.case is None or not r.tokens_per_s_per_gpu:
-            continue
-        if not r.recompute_stated:
-            r.case = replace(r.case, recompute=least_recompute_that_fits(r.case, cal.coefficients))
-        groups[job_key(r)].append(r)
+    usable, _ = complete_recompute(load_published(args.file), cal.coefficients)  # as every scorer prepares them
+    for r in usable:
+        if r.tokens_per_s_per_gpu:
+            groups[job_key(r)].append(r)
     decided = agree_decided = agree_all = total = 0
     for _key, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         for a, b in itertools.combinations(configurations(runs), 2):

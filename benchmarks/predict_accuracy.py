@@ -10,8 +10,8 @@ then the profile on the held-out files (``data/heldout_*.yaml``: published runs 
     python benchmarks/predict_accuracy.py --refit            # refit its global coefficients, save it
     python benchmarks/predict_accuracy.py --no-loso --save-heldout   # record the held-out figures in it
 
-Runs whose recompute setting is not published are predicted with the least recompute that fits
-(a framework that has to fit recomputes). Runs lacking a layout, batch or sequence length are
+Runs whose recompute setting is not published take their era's reading rule (data/reading_rules.yaml) or,
+without one, the least recompute that fits (a framework that has to fit recomputes). Runs lacking a layout, batch or sequence length are
 listed as not evaluable.
 """
 
@@ -35,13 +35,22 @@ from powertrain.predict.calibration import (
     save_calibration,
 )
 from powertrain.predict.core import predict
-from powertrain.predict.memory import least_recompute_that_fits, memory_per_device
+from powertrain.predict.memory import memory_per_device
 from powertrain.predict.published import (
     CALIBRATION_RUNS,
     HELDOUT_FILES,
     PublishedRun,
     load_published,
     read_published,
+)
+from powertrain.predict.validation import (
+    MEASURED_TIE,
+    PREDICTED_TIE,
+    OrderedPair,
+    comparable_pairs,
+    complete_recompute,
+    order_pairs,
+    record_of,
 )
 
 DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/data/); --file reads another
@@ -88,21 +97,9 @@ def pinned(profile: Calibration, params: tuple[str, ...] = FIT_PARAMS) -> list[s
 
 
 def prepare(runs: list[PublishedRun], profile: Calibration) -> tuple[list[PublishedRun], list[PublishedRun]]:
-    """(usable, skipped) of published ``runs``, an unstated recompute filled in."""
-    usable, skipped = [], []
-    for r in runs:
-        if r.skip or r.case is None:
-            skipped.append(r)
-            continue
-        if not r.recompute_stated:
-            raw = r.raw or {}
-            legacy = "6985e58" in str(raw.get("framework", "")) or r.source in ("Megatron-LM 2020", "Narayanan21")
-            # Megatron-LM 2019-21's example and paper scripts all pass --checkpoint-activations (full
-            # recompute); later frameworks recompute only what they must to fit
-            rc = "full" if legacy else least_recompute_that_fits(r.case, profile.coefficients)
-            r.case = replace(r.case, recompute=rc)
-        usable.append(r)
-    return usable, skipped
+    """(usable, skipped) of published ``runs``, prepared as every scorer prepares them
+    (:func:`powertrain.predict.validation.complete_recompute`)."""
+    return complete_recompute(runs, profile.coefficients)
 
 
 def rel_errors(runs: list[PublishedRun], profile: Calibration) -> list[float]:
@@ -239,7 +236,11 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
         table("architecture (held out)", by_arch)
     for r in skipped:
         print(f"  not evaluable: {r.id}: {r.skip}")
-    out: dict[str, object] = {"describes": str(meta.get("describes") or path.name)}
+    record = record_of(path) if path.resolve() in {p.resolve() for p in HELDOUT_FILES} else None
+    pairs = ranking(runs, errs, f"pairs ({path.name})")
+    out: dict[str, object] = {"describes": str(meta.get("describes") or path.name),
+                              "status": record.status if record else "given with --heldout",
+                              "pairs": {"right": sum(p.right for p in pairs), "total": len(pairs)}}
     for a, v in by_arch.items():
         half = q80.get(a)
         figures = {"runs": len(v), "mape": round(float(np.mean(np.abs(v))), 4), "bias": round(float(np.mean(v)), 4)}
@@ -250,6 +251,68 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
               + (f"{figures['interval_80_share'] * 100:.0f}% inside the stated 80 % interval (×/÷ "
                  f"{math.exp(float(half)):.3f})" if half is not None and inside[a] else "no stated interval"))
     return out
+
+
+def ranking(runs: list[PublishedRun], errs: list[float], title: str) -> list[OrderedPair]:
+    """Every comparable pair of ``runs`` (validation.comparable_pairs) judged with the predictions behind
+    ``errs``; prints the share ordered right and the pairs ordered wrong."""
+    predicted = {r.id: r.tokens_per_s_per_gpu * (1 + e) for r, e in zip(runs, errs, strict=True)
+                 if r.tokens_per_s_per_gpu}
+    judged = order_pairs(comparable_pairs(runs), predicted)
+    if not judged:
+        print(f"{title}: no two runs of one source and release differ only in layout, micro-batch or recompute")
+        return judged
+    right = sum(p.right for p in judged)
+    print(f"{title}: {right} of {len(judged)} ordered right ({right / len(judged):.0%}; a predicted tie within "
+          f"{PREDICTED_TIE:.0%} is right only where the measured pair is within {MEASURED_TIE:.0%})")
+    for p in judged:
+        if not p.right:
+            print(f"  wrong: {p.first} → {p.second} ({p.differs}): measured ×{p.measured_ratio:.3f}, "
+                  f"predicted ×{p.predicted_ratio:.3f}")
+    return judged
+
+
+def audited_summary(held: dict[str, dict[str, object]]) -> None:
+    """The held-out figures by the ledger's status: clean sets pooled (the figures that may be quoted), validation
+    sets pooled apart, each with its run and pair counts."""
+    print("\nheld-out sets by ledger status (predict/data/validation_ledger.yaml)")
+    print(f"{'set':<44} {'status':<11} {'dense':>14} {'MoE':>14} {'pairs right':>12}")
+    pooled: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for name, v in held.items():
+        cells = []
+        for a in ("dense", "moe"):
+            f = v.get(a)
+            if isinstance(f, dict):
+                cells.append(f"{f['mape'] * 100:.1f}% ({f['runs']})")
+                group = pooled[str(v["status"])]
+                group[f"{a}_err"] += [float(f["mape"])] * int(f["runs"])
+                group[f"{a}_bias"] += [float(f["bias"])] * int(f["runs"])
+                if "interval_80_share" in f:
+                    group[f"{a}_in"] += [float(f["interval_80_share"])] * int(f["runs"])
+            else:
+                cells.append("-")
+        pr = v["pairs"]
+        assert isinstance(pr, dict)
+        pairs_cell = f"{pr['right']}/{pr['total']}" if pr["total"] else "-"
+        pooled[str(v["status"])]["pairs"] += [float(pr["right"]), float(pr["total"])]
+        print(f"{name:<44} {v['status']!s:<11} {cells[0]:>14} {cells[1]:>14} {pairs_cell:>12}")
+    for status in ("clean", "validation"):
+        g = pooled.get(status)
+        if not g:
+            print(f"{status}: no set")
+            continue
+        parts = []
+        for a in ("dense", "moe"):
+            if g[f"{a}_err"]:
+                n = len(g[f"{a}_err"])
+                inside = f", interval held {np.mean(g[f'{a}_in']) * 100:.0f}%" if g[f"{a}_in"] else ""
+                parts.append(f"{a} {np.mean(g[f'{a}_err']) * 100:.1f}% on {n} runs (bias "
+                             f"{np.mean(g[f'{a}_bias']) * 100:+.1f}%{inside})")
+            else:
+                parts.append(f"{a}: no run")
+        right, total = sum(g["pairs"][0::2]), sum(g["pairs"][1::2])
+        parts.append(f"pairs {right:.0f}/{total:.0f} ordered right" + (f" ({right / total:.0%})" if total else ""))
+        print(f"{status} sets pooled: " + "; ".join(parts))
 
 
 def log_ratio(e: float) -> float:
@@ -436,7 +499,9 @@ def main() -> int:  # long function: the benchmark's whole flow (refit, report, 
             "metric": "tokens/s per GPU, mean absolute percentage error; interval_80_log: 80th percentile of "
                       "|log(predicted/measured)| over leave-one-source-out predictions, per architecture"})
     # after the refit's LOSO, so a refitted profile's held-out runs are judged by the interval it will state
+    ranking(runs, rel_errors(runs, profile), "pairs (calibration file, in-sample)")
     held = {path.name: heldout(path, profile) for path in _ARGS.heldout or HELDOUT_FILES}
+    audited_summary(held)  # type: ignore[arg-type]
     if _ARGS.refit or _ARGS.save_heldout:
         # --save-heldout leaves the coefficients untouched: only what the profile scored on runs it never saw
         out = save_calibration(replace(profile, error={**profile.error, "heldout": held}), SHIPPED_DIR / "default.yaml")

@@ -177,9 +177,10 @@ def test_a_broken_entry_is_a_reason_not_a_crash(tmp_path) -> None:
     assert "not a mapping" in runs[2].skip and "hardware catalog" in runs[3].skip
 
 
-def test_predict_says_how_the_moe_interval_held_on_runs_never_fitted_on() -> None:
-    """A table with MoE rows says how the MoE interval held on the held-out MoE runs the shipped profile
-    records (benchmarks/predict_accuracy.py --save-heldout); dense-only tables say nothing of it."""
+def test_predict_quotes_clean_held_out_sets_only() -> None:
+    """A GPU table says how the profile did on the clean held-out sets of the ledger (never fitted on, nothing
+    changed after reading them) for each architecture it shows; validation sets are not pooled into it, an
+    architecture without a clean set says so, and a CPU table says nothing of GPU runs."""
     from typer.testing import CliRunner
 
     from powertrain.cli import app
@@ -188,33 +189,34 @@ def test_predict_says_how_the_moe_interval_held_on_runs_never_fitted_on() -> Non
     runner = CliRunner()
     with_moe = runner.invoke(app, ["predict", str(root / "study-h200-parallelism.yaml")], terminal_width=200)
     assert with_moe.exit_code == 0, with_moe.output
-    assert "MoE runs this profile was never fitted on" in " ".join(with_moe.output.split())
+    text = " ".join(with_moe.output.split())
+    assert "no clean held-out set has MoE runs" in text
+    assert "Model error" not in text  # the in-sample figures are not an accuracy a user can rely on
     dense = runner.invoke(app, ["predict", str(root / "study-h100-optimizations.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
     text = " ".join(dense.output.split())
-    assert "dense runs this profile was never fitted on (MPT-125M" in text and "Llama-3 8B at 8K-1M tokens" in text
+    assert "held out (set P, set Q:" in text and "dense runs never fitted on" in text
     cpu = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
     assert cpu.exit_code == 0, cpu.output
-    assert "never fitted on" not in cpu.output  # the held-out runs are GPU runs: nothing said of a CPU row
+    assert "never fitted on" not in cpu.output and "held-out" not in cpu.output
 
 
-def test_the_held_out_note_pools_the_sets_of_its_architecture_else_says_moe_is_unchecked() -> None:
+def test_the_held_out_note_pools_clean_sets_only() -> None:
     from powertrain.cli.predict import heldout_note
 
-    held = {"heldout": {"a.yaml": {"describes": "set a", "moe": {"runs": 10, "mape": 0.2, "bias": -0.1,
-                                                                 "interval_80_share": 0.7}},
-                        "b.yaml": {"describes": "set b", "moe": {"runs": 30, "mape": 0.1, "bias": 0.1,
-                                                                 "interval_80_share": 0.9}},
-                        "c.yaml": {"describes": "set c", "dense": {"runs": 8, "mape": 0.3, "bias": -0.3,
-                                                                   "interval_80_share": 0.25}}}}
-    note = heldout_note(held, "moe")
-    assert note and "on 40 published MoE runs" in note and "(set a; set b)" in note and "held 85% of runs" in note
-    assert "error there 12%" in note
-    dense = heldout_note(held, "dense")
-    assert dense and "on 8 published dense runs" in dense and "(set c)" in dense and "held 25%" in dense
-    one_source = {"interval_coverage_loso": {"moe": {"share": 0.79, "held_out": False}}}
-    assert "not checked" in (heldout_note(one_source, "moe") or "")
-    assert heldout_note(one_source, "dense") is None and heldout_note({}, "moe") is None
+    held = {"heldout": {"heldout_setp_mlperf60_8b.yaml": {"dense": {"runs": 10, "mape": 0.2, "bias": -0.1,
+                                                                    "interval_80_share": 0.7}},
+                        "heldout_setq_mlperf51_lora_partners.yaml": {"dense": {"runs": 30, "mape": 0.1, "bias": 0.1,
+                                                                               "interval_80_share": 0.9}},
+                        "heldout_setl_moe.yaml": {"moe": {"runs": 8, "mape": 0.3, "bias": -0.3,
+                                                          "interval_80_share": 0.25}},
+                        "not_in_the_ledger.yaml": {"dense": {"runs": 99, "mape": 0.9, "bias": 0.9,
+                                                             "interval_80_share": 0.1}}}}
+    note = heldout_note(held, "dense")
+    assert note and "(set P, set Q: 40 dense runs" in note and "error 12%" in note and "held 85%" in note
+    moe = heldout_note(held, "moe")  # set L is a validation set
+    assert moe and "no clean held-out set has MoE runs" in moe
+    assert "no clean held-out set" in (heldout_note({}, "dense") or "")
 
 
 def test_the_held_out_runs_are_all_evaluable_and_name_their_source() -> None:
@@ -296,8 +298,10 @@ def test_the_profiles_recorded_held_out_figures_are_what_the_model_scores_now(ca
     assert set(recorded) == {p.name for p in HELDOUT_FILES}
     for path in HELDOUT_FILES:
         now = bench.heldout(path, profile)
-        assert now.keys() == recorded[path.name].keys() and now["describes"] == recorded[path.name]["describes"]
-        for arch in now.keys() - {"describes"}:  # stored to 4 digits: allow the last one
+        assert now.keys() == recorded[path.name].keys()
+        for key in ("describes", "status", "pairs"):  # the ledger's status and the pairs ordered right, as recorded
+            assert now[key] == recorded[path.name][key], f"re-record: {path.name} {key} moved"
+        for arch in now.keys() - {"describes", "status", "pairs"}:  # stored to 4 digits: allow the last one
             assert now[arch] == pytest.approx(recorded[path.name][arch], abs=2e-4), f"re-record: {path.name} moved"
     assert "held-out moe: MAPE" in capsys.readouterr().out
 

@@ -258,9 +258,8 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
     out.print(table)
     if any(p.metrics.get("power_peak_w") is not None for _, p in results):
         out.print(PEAK_NOTE)
-    errtxt = ", ".join(f"{k} {v:.1%}" for k, v in cal.error.items()
-                       if isinstance(v, float) and "mape" in k) or "not validated"
-    out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s. Model error ({cal.name}): {errtxt}.")
+    # no pooled or in-sample "model error" here: the held-out notes below quote clean sets only, GPU rows only
+    out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s.")
     from powertrain.hardware import is_cpu_name
 
     # the held-out runs are GPU runs: what they say is for GPU rows
@@ -304,28 +303,26 @@ def published_generations() -> set[str]:
 
 
 def heldout_note(error: dict[str, Any], arch: str) -> str | None:
-    """What a table with ``arch`` ("dense" or "moe") rows says about their interval: how it held on published
-    runs of that architecture the profile never saw (``error.heldout``, written by
-    benchmarks/predict_accuracy.py --save-heldout) and what those runs were; for MoE without such runs, that
-    the interval is unchecked (every MoE run it was validated on is from one source)."""
-    sets = [(v[arch], str(v.get("describes", name))) for name, v in (error.get("heldout") or {}).items()
-            if isinstance(v, dict) and isinstance(v.get(arch), dict) and "interval_80_share" in v[arch]]
+    """One line on how the profile did on ``arch`` ("dense" or "moe") runs of the clean held-out sets
+    (``predict/data/validation_ledger.yaml``: never fitted on, no change made after reading them), from
+    ``error.heldout`` (written by benchmarks/predict_accuracy.py --save-heldout); where no clean set has such
+    runs, that the figures are validation figures only. Validation sets are never pooled into it."""
+    from powertrain.predict.validation import ledger
+
+    books = ledger()
     label = "MoE" if arch == "moe" else "dense"
-    if sets:
-        n = sum(int(h["runs"]) for h, _ in sets)
-        share = sum(h["interval_80_share"] * h["runs"] for h, _ in sets) / n
-        mape = sum(h["mape"] * h["runs"] for h, _ in sets) / n
-        bias = sum(h["bias"] * h["runs"] for h, _ in sets) / n
-        what = "; ".join(d for _, d in sets)
-        return (f"note: on {n} published {label} runs this profile was never fitted on ({what}), the {label} "
-                f"interval held {share:.0%} of runs (stated: 80 %); throughput error there {mape:.0%}, mean "
-                f"{bias:+.0%} (negative: predicted slow)")
-    coverage = error.get("interval_coverage_loso")
-    if arch == "moe" and isinstance(coverage, dict) and isinstance(coverage.get("moe"), dict) \
-            and coverage["moe"].get("held_out") is False:
-        return ("note: the MoE rows' interval comes from one source's held-out errors (every MoE run this profile "
-                "was validated on is from one source), so whether it holds 80 % of new MoE runs is not checked")
-    return None
+    sets = [(v[arch], books[name].label) for name, v in (error.get("heldout") or {}).items()
+            if name in books and books[name].status == "clean" and isinstance(v, dict)
+            and isinstance(v.get(arch), dict) and "interval_80_share" in v[arch]]
+    if not sets:
+        return (f"note: no clean held-out set has {label} runs: the {label} interval and error are validation "
+                "figures only (docs/model.md §9)")
+    n = sum(int(h["runs"]) for h, _ in sets)
+    share = sum(h["interval_80_share"] * h["runs"] for h, _ in sets) / n
+    mape = sum(h["mape"] * h["runs"] for h, _ in sets) / n
+    bias = sum(h["bias"] * h["runs"] for h, _ in sets) / n
+    return (f"note: held out ({', '.join(lbl for _, lbl in sets)}: {n} {label} runs never fitted on, no change made "
+            f"after reading them): throughput error {mape:.0%}, mean {bias:+.0%}; the 80 % interval held {share:.0%}")
 
 
 def _write_timeline(result: tuple[RunConfig, Prediction], stem: Path) -> None:

@@ -29,6 +29,7 @@ from powertrain.core.lora import TARGETS as LORA_TARGETS
 from powertrain.core.yamlfile import load_yaml_file
 from powertrain.hardware import DeviceSpec, get_device
 from powertrain.predict.case import Case
+from powertrain.predict.reading_rules import reading_rules
 
 CALIBRATION_RUNS = Path(__file__).with_name("data") / "calibration_runs.yaml"
 # Runs the predictor is never fitted on (data/README.md): benchmarks report the shipped profile's error on them.
@@ -49,26 +50,14 @@ class PublishedRun:
     raw: dict[str, Any] | None = None
     # what was assumed where the entry's free text did not say (vp, recompute, FSDP), one line each
     assumptions: list[str] = field(default_factory=list)
-
-
-SOURCE_SHORT = (
-    ("Megatron-Bridge", "Megatron-Bridge"), ("Narayanan", "Narayanan21"), ("Korthikanti", "Korthikanti22"),
-    ("Megatron-LM README 'Performance", "Megatron-LM README H100"), ("Megatron-LM README (2020", "Megatron-LM 2020"),
-    ("NeMo docs/source/performance/performance_lo", "NeMo long-seq"), ("NeMo docs", "NeMo 24.07"),
-    ("torchtitan", "torchtitan"), ("MLPerf Training v4.0 Sustainable", "MLPerf SMC"),
-    ("Perseus", "Perseus"),
-)
+    # the reading rule (data/reading_rules.yaml) that filled an unstated recomputation; None where the run
+    # states it or no rule applies (then the least recomputation that fits: validation.complete_recompute)
+    recompute_rule: str | None = None
 
 
 def _short_source(ref: str) -> str:
-    for key, short in SOURCE_SHORT:
-        if key in ref:
-            return short
-    # MLPerf / MLCommons Training results of any round: named by their round, "MLPerf v5.1"
-    mlperf = re.search(r"(?:MLPerf|MLCommons)\s+Training\s+(v\d+\.\d+)|MLPerf\D*?(v\d+\.\d+)", ref)
-    if mlperf:
-        return f"MLPerf {mlperf.group(1) or mlperf.group(2)}"
-    return ref[:24]
+    """The source's short label (the group leave-one-source-out holds out): ``data/reading_rules.yaml``."""
+    return reading_rules().source_label(ref)
 
 
 def read_precision(value: Any) -> tuple[str, str | None]:
@@ -99,13 +88,6 @@ def read_precision(value: Any) -> tuple[str, str | None]:
     return "bf16", f"precision {value!r} names no GEMM precision: bf16 assumed"
 
 
-# Framework names whose defaults the eras below describe; any other is read with Megatron-Core's, stated.
-_MODELLED_FRAMEWORKS = ("megatron", "nemo", "mlperf", "torchtitan", "maxtext")
-# PyTorch-native stacks whose attention is FlashAttention-2 class (SDPA's flash backend, the flash-attn
-# package, llm-foundry's triton kernel), not Transformer Engine's cuDNN fused attention.
-_FLASH2_FRAMEWORKS = ("torchtitan", "composer", "llm-foundry", "mosaicml")
-
-
 @dataclass(frozen=True, slots=True)
 class FrameworkReading:
     """What a run's framework (and its reference) say about the defaults it ran with — read in one place."""
@@ -116,25 +98,13 @@ class FrameworkReading:
 
 
 def read_framework(framework: str, ref: str = "") -> FrameworkReading:
-    """The era, whether its defaults are modelled, and the attention kernel of a run's framework text."""
-    fw = framework.lower()
-    f = f"{fw} {ref.lower()}"
-    # Megatron-LM of 2019-21 (before Megatron-Core): named by its papers, its commit, or Megatron-LM with a
-    # year of that era — a year alone (a date in some other framework's note) does not make a run legacy
-    legacy_year = "megatron" in f and any(y in f for y in ("2019", "2020", "2021"))
-    if "torchtitan" in f:
-        era = "torchtitan"
-    elif "maxtext" in f:
-        era = "maxtext"
-    elif legacy_year or "narayanan" in f or "korthikanti" in f or "6985e58" in f:
-        era = "megatron-legacy"
-    else:
-        era = "megatron-core"
-    # NeMo AutoModel is PyTorch-native (FSDP2), not NeMo's Megatron-Core path, whatever its name says
-    modelled = any(k in fw for k in _MODELLED_FRAMEWORKS) and "automodel" not in fw
+    """The era, whether its defaults are modelled, and the attention kernel of a run's framework text, by the
+    rules of ``data/reading_rules.yaml`` (each with its reason and source)."""
+    rules = reading_rules()
+    era = rules.era(framework, ref)
+    modelled = bool(rules.modelled_frameworks.match.found(framework))
     # an era read from the reference alone (torchtitan's docs) names the stack too
-    a = f"{fw} {era}"
-    attention = "flash2" if any(k in a for k in _FLASH2_FRAMEWORKS) and "transformer engine" not in a else "fused"
+    attention = "flash2" if rules.flash2_attention.match.found(f"{framework} {era}") else "fused"
     return FrameworkReading(era, modelled, attention)
 
 
@@ -374,7 +344,7 @@ def run_from_entry(r: dict[str, Any]) -> PublishedRun:
             out.note = "FSDP assumed: unsharded weights and gradients exceed device memory"
             out.assumptions.append(out.note)
     out.case = case
-    out.tokens_per_s_per_gpu = _measured_tps(r, case, out.source)
+    out.tokens_per_s_per_gpu = _measured_tps(r, case, ref)
     if out.tokens_per_s_per_gpu is None:
         out.tokens_per_s_per_gpu, mfu_note = _tps_from_mfu(r, case)
         if mfu_note:
@@ -491,6 +461,11 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if par.get("vp") is None and pp > 1:
         vp_note = "virtual stages not published: no interleaving (V = 1) assumed"
     recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), stack.era)
+    rule = None if out.recompute_stated else reading_rules().recompute_for_era(stack.era)
+    if rule is not None:  # the era's scripts say what an unstated recomputation was
+        said = "not published" if rc_note is None else f"{r.get('recompute')!r} not understood"
+        recompute, out.recompute_rule = str(rule.value["mode"]), rule.id
+        rc_note = f"recompute {said}: {recompute} assumed ({rule.reason})"
     out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
     hidden = int(_int(m["hidden"]) or 1)
     ffn, ffn_note = _ffn_or_assumed(m, hidden, act.startswith(("swiglu", "geglu")))
@@ -549,7 +524,7 @@ def _force_balanced(r: dict[str, Any], caveats: str) -> bool:
     stated = r.get("moe_force_balance")
     if isinstance(stated, bool):
         return stated or r.get("moe_token_drop") is True
-    return "routing force-balanced" in caveats or bool(r.get("moe_token_drop"))
+    return reading_rules().force_balanced_phrase in caveats or bool(r.get("moe_token_drop"))
 
 
 def _tps_from_mfu(r: dict[str, Any], case: Case) -> tuple[float | None, str | None]:
@@ -568,7 +543,7 @@ def _tps_from_mfu(r: dict[str, Any], case: Case) -> tuple[float | None, str | No
                  "are assumed to be these")
 
 
-def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
+def _measured_tps(r: dict[str, Any], case: Case, ref: str) -> float | None:
     me, de = r.get("measured") or {}, r.get("derived") or {}
     count = case.world
     tokens_step = case.global_batch * case.seq_len
@@ -586,8 +561,8 @@ def _measured_tps(r: dict[str, Any], case: Case, src: str) -> float | None:
     if not tflops and _number(me.get("aggregate_pflops")):  # the whole job's PFLOP/s
         tflops = float(me["aggregate_pflops"]) * 1e3 / count
     if tflops:
-        # the source's own FLOP count: Narayanan's Eq. 3 counts recomputation, others model FLOPs
-        per_tok = (hardware_flops_per_token(case, case.recompute) if src == "Narayanan21"
+        # the source's own FLOP count (data/reading_rules.yaml tflops_counts): some count recomputation
+        per_tok = (hardware_flops_per_token(case, case.recompute) if reading_rules().tflops_count(ref) == "hardware"
                    else model_flops_per_token(case))
         return tflops * 1e12 / per_tok
     return None
