@@ -32,7 +32,7 @@ def test_a_file_without_a_ledger_entry_is_refused_naming_the_fix() -> None:
 
 
 # era names are what the rules produce, not sources: code may compare an era to "torchtitan"
-_ERA_WORDS = {"megatron", "torchtitan", "maxtext"}
+_ERA_WORDS = {"megatron"} | {str(r.value["era"]) for r in reading_rules().eras}
 
 
 def _named_sources(path: Path) -> set[str]:
@@ -118,3 +118,17 @@ def test_pairs_are_within_one_document_and_release_and_differ_only_in_a_choice()
     assert {(x.id, y.id) for x, y in pairs} == {("a", "b"), ("b", "f")}
     judged = order_pairs(pairs, {"a": 1.0, "b": 1.2, "f": 1.0})
     assert [p.right for p in judged] == [True, True] and judged[0].differs == "micro_batch 1→2"
+
+
+def test_a_megatron_deepspeed_run_gets_its_stacks_defaults_not_megatron_cores() -> None:
+    """The 2022 forks had no sequence parallelism, TP-comm or parameter-gather overlap, and DeepSpeed's pipeline
+    engine reduces gradients after the backward; a stated ZeRO-1 is a distributed optimizer."""
+    run = run_from_entry(_entry(framework="Megatron-DeepSpeed (bigscience fork), Feb 2022", recompute="full",
+                                parallel={"tp": 2, "pp": 1, "dp": 4, "zero": 1}))
+    c = run.case
+    assert c is not None
+    assert (c.sequence_parallel, c.overlap_tp, c.overlap_dp, c.overlap_param_gather) == (False, False, False, False)
+    assert c.distributed_optimizer
+    assert not any("sequence parallelism not published" in a for a in run.assumptions)
+    core = run_from_entry(_entry(framework="Megatron-Core r0.12", source={"ref": "a 2025 table"}, recompute="full"))
+    assert core.case is not None and core.case.sequence_parallel and core.case.overlap_tp

@@ -92,7 +92,7 @@ def read_precision(value: Any) -> tuple[str, str | None]:
 class FrameworkReading:
     """What a run's framework (and its reference) say about the defaults it ran with — read in one place."""
 
-    era: str  # whose defaults fill what the run leaves unsaid: megatron-core, megatron-legacy, torchtitan, maxtext
+    era: str  # whose defaults fill what the run leaves unsaid (data/reading_rules.yaml era_defaults)
     modelled: bool  # False: no framework whose defaults are modelled (Megatron-Core's are assumed, and stated)
     attention: str  # "flash2" (a PyTorch-native stack's FlashAttention-2 class) or "fused" (TE / cuDNN)
 
@@ -115,6 +115,7 @@ RECOMPUTE_DEFAULTS: dict[str, tuple[str, str]] = {
     "megatron-core": ("none", "Megatron-LM/NeMo: --recompute-granularity / activations_checkpoint_granularity "
                               "default to null (no recomputation) unless set"),
     "megatron-legacy": ("none", "Megatron-LM: --recompute-granularity defaults to None (no recomputation)"),
+    "megatron-deepspeed": ("none", "Megatron-DeepSpeed: activations are checkpointed only with --checkpoint-activations"),
     "torchtitan": ("selective", "torchtitan: [activation_checkpoint] mode defaults to 'selective' "
                                 "(torchtitan/config/job_config.py ActivationCheckpoint; its train configs use "
                                 "selective_ac_option 'op'), modelled as selective"),
@@ -456,7 +457,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     out.assumptions += lora_notes
     act = str(m.get("activation") or "gelu").lower()
     precision, prec_note = read_precision(r.get("precision"))
-    modern = stack.era == "megatron-core"
+    era = reading_rules().defaults(stack.era)  # what the stack does where the run does not say
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
     if par.get("vp") is None and pp > 1:
         vp_note = "virtual stages not published: no interleaving (V = 1) assumed"
@@ -481,7 +482,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     if isinstance(sp_field, bool):
         sequence_parallel = sp_field  # stated: a stated False is not overridden by the framework's default
     else:
-        sequence_parallel = stack.era != "megatron-legacy" and tp > 1
+        sequence_parallel = era["sequence_parallel"] and tp > 1
         if sequence_parallel:
             out.assumptions.append("sequence parallelism not published: on with TP, the framework's default")
     if (_int(m.get("experts")) or 1) > 1 and _int(par.get("ep")) is None:
@@ -503,12 +504,12 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         tp=tp, pp=pp, dp=dp, cp=cp, ep=int(_int(par.get("ep")) or 1), vp=vp,
         sequence_parallel=sequence_parallel,
         fsdp=bool(fsdp),
-        distributed_optimizer=(modern and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
+        distributed_optimizer=(era["distributed_optimizer"] and not fsdp) or par.get("zero") in ("distributed optimizer", 1),
         pp_schedule=str(par.get("pp_schedule") or ("interleaved_1f1b" if vp > 1 else "1f1b")),
         micro_batch=int(micro), global_batch=gb, recompute=recompute,
         precision=precision,
-        overlap_tp=modern or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
-        overlap_dp=stack.era != "megatron-legacy", overlap_fsdp=True, overlap_param_gather=modern,
+        overlap_tp=era["overlap_tp"] or "asynctp" in str(r.get("precision") or "").lower().replace(" ", ""),
+        overlap_dp=era["overlap_dp"], overlap_fsdp=True, overlap_param_gather=era["overlap_param_gather"],
         power_limit_w=_number(hw.get("power_limit_w")), lora_rank=lora_rank, lora_targets=lora_targets,
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
         device=dev, devices_per_node=gpn,

@@ -70,6 +70,13 @@ class ReadingRules:
     tflops_counts: tuple[Rule, ...]
     source_labels: tuple[Rule, ...]
     force_balanced_phrase: str
+    defaults_by_era: dict[str, dict[str, bool]]
+
+    def defaults(self, era: str) -> dict[str, bool]:
+        """What ``era`` does where a run does not say (``era_defaults``); an era without an entry is refused."""
+        if era not in self.defaults_by_era:
+            raise ValueError(f"{RULES_FILE}: era {era!r} has no era_defaults entry")
+        return self.defaults_by_era[era]
 
     def first(self, rules: tuple[Rule, ...], framework: str, reference: str = "") -> Rule | None:
         return next((r for r in rules if r.match.found(framework, reference)), None)
@@ -130,4 +137,5 @@ def reading_rules() -> ReadingRules:
     balanced = raw.get("force_balanced_caveat") or {}
     return ReadingRules(rules["eras"], _rule(raw["modelled_frameworks"]), _rule(raw["flash2_attention"]),
                         rules["unstated_recompute"], rules["tflops_counts"], rules["source_labels"],
-                        str(balanced.get("phrase", "")).lower())
+                        str(balanced.get("phrase", "")).lower(),
+                        {str(k): {f: bool(v) for f, v in d.items()} for k, d in (raw.get("era_defaults") or {}).items()})
