@@ -57,12 +57,11 @@ DEFAULT_FILE = CALIBRATION_RUNS  # the packaged copy (src/powertrain/predict/dat
 # Global coefficients with physical meaning that the refit may move (never per run), each inside a
 # range from the literature (docs/model.md §8 gives the sources). A fit that ends at a bound means the
 # model's structure is wrong somewhere, not that the coefficient is that value: it fails loudly.
-FIT_PARAMS = ("gemm_eff_16", "gemm_lowp_scale", "gemm_knee", "attn_eff_ratio", "elementwise_scale",
+FIT_PARAMS = ("gemm_eff_16", "gemm_lowp_scale", "attn_eff_ratio", "elementwise_scale",
               "grouped_gemm_eff", "moe_layer_overhead_s", "overlap_eff", "tp_overlap_exposed", "step_overhead_s")
 BOUNDS = {
     "gemm_eff_16": (0.45, 0.92),  # cuBLAS large bf16 GEMMs: 0.7-0.85 of dense peak (A100/H100/B200)
     "gemm_lowp_scale": (0.75, 1.25),  # fp8/fp4 vs the generation's literature ratio (±25 %)
-    "gemm_knee": (4.0, 256.0),  # tile edge 64-256: efficiency halves at a GEMM dimension of that order
     "attn_eff_ratio": (0.3, 1.1),  # FlashAttention-2/3 fwd+bwd: 35-75 % of peak vs GEMMs' 70-85 %
     "elementwise_scale": (0.5, 3.0),
     "grouped_gemm_eff": (0.5, 1.0),  # grouped vs dense GEMM of the same shape (CUTLASS/TE grouped GEMM reports)  # counted passes vs unfused kernels (x3) or fused ones (x0.5)

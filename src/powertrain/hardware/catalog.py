@@ -155,6 +155,9 @@ class DeviceSpec:
     # the highest SM (graphics) clock the device runs at (nvidia-smi's "Max Clocks", AMD's peak engine clock):
     # what turns a clock lock in MHz into a clock ratio; None: not known, a lock cannot be predicted
     max_sm_clock_mhz: float | None = None
+    # streaming multiprocessors (NVIDIA) or compute units (AMD): the slots a GEMM's or attention kernel's thread
+    # blocks fill wave by wave (predict/kernel_shape.py); None: not known (a host CPU), no wave model
+    compute_units: int | None = None
 
     @property
     def is_host_cpu(self) -> bool:
@@ -180,7 +183,7 @@ _DOC_KEYS = frozenset({"note", "source"})
 _TOP_KEYS = frozenset({"devices", "thermal"})
 _DEVICE_KEYS = _DOC_KEYS | {"aliases", "vendor", "peak_tflops", "memory_gb", "memory_bw_gb_s", "tdp_w", "idle_w",
                             "power_at_peak_w", "slowdown_c", "node", "thermal", "cooling", "has_power_sensor",
-                            "transport", "measured", "max_sm_clock_mhz"}
+                            "transport", "measured", "max_sm_clock_mhz", "compute_units"}
 _NODE_KEYS = _DOC_KEYS | {"devices_per_node", "intra_node_bw_gb_s", "intra_node_latency_us", "nic_count",
                           "nic_gbit_s", "inter_node_latency_us", "nvlink_domain", "nvls", "rail_optimized",
                           "pod_devices", "oversubscription", "host"}
@@ -351,7 +354,17 @@ def _device(name: str, raw: dict[str, Any], thermal: dict[str, ThermalSpec], whe
         **_sensor_and_transport(raw, f"{where}: device {name!r}"),
         aliases=tuple(str(a) for a in raw.get("aliases", ())),
         max_sm_clock_mhz=_positive(raw.get("max_sm_clock_mhz"), f"{at}: max_sm_clock_mhz"),
+        compute_units=_whole(raw.get("compute_units"), f"{at}: compute_units"),
     )
+
+
+def _whole(value: Any, where: str) -> int | None:
+    """A positive whole number, or None where absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a whole number ≥ 1, got {value!r}")
+    return value
 
 
 def _positive(value: Any, where: str) -> float | None:

@@ -51,8 +51,6 @@ class Coefficients:
     # ratio for the generation and recipe × this scale (1 = the literature ratio); gemm_eff_fp8/fp4 then
     # apply only to devices of unknown generation.
     gemm_lowp_scale: float = 1.0
-    # GEMM dimension (min of m, n) at which efficiency falls to half of the large-GEMM value.
-    gemm_knee: float = 48.0
     # A grouped GEMM (several local experts in one launch) ÷ one dense GEMM of the same shape: CUTLASS /
     # Transformer Engine grouped GEMMs reach 70-90 % of dense (tails per expert, scheduling, per-expert scales).
     grouped_gemm_eff: float = 0.8
@@ -166,7 +164,6 @@ _EFF = (1e-3, 4.0, "a fraction of the device's peak (above 1 only where a CPU pr
 VALID_RANGES: dict[str, tuple[float, float, str]] = {
     "gemm_eff_fp32": _EFF, "gemm_eff_16": _EFF, "gemm_eff_fp8": _EFF, "gemm_eff_fp4": _EFF,
     "gemm_lowp_scale": (0.1, 4.0, "a multiplier on the generation's fp8/fp4 speed-up (1: the literature ratio)"),
-    "gemm_knee": (1.0, 65536.0, "a GEMM dimension, in elements"),
     "grouped_gemm_eff": (0.05, 1.5, "a grouped GEMM's speed ÷ one dense GEMM of the same shape"),
     "attn_eff_ratio": (0.01, 2.0, "attention's speed ÷ a large 16-bit GEMM's"),
     "elementwise_scale": (0.05, 20.0, "a multiplier on the counted elementwise traffic"),
@@ -193,6 +190,8 @@ VALID_RANGES: dict[str, tuple[float, float, str]] = {
 }
 # Coefficients earlier releases wrote into profiles that no longer change any prediction: named, not ignored.
 RETIRED_COEFFICIENTS = {
+    "gemm_knee": "a GEMM's and an attention kernel's shape are costed from their tiles and waves on the device's "
+                 "SMs (predict/kernel_shape.py), not a fitted knee",
     "moe_dispatch_passes": "routing traffic is now counted from the model's shape (predict/moe.py)",
     "power_clock_exponent": "dynamic power follows the voltage–frequency curve (vf_floor, vf_knee; predict/dvfs.py)",
     "power_window_s": "each power field's own averaging window comes from the sensor table (predict/sensors.py)",

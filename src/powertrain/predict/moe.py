@@ -73,8 +73,8 @@ def expert_gemm_time(case: Case, c: Coefficients, gemm: object, n_tok: float) ->
     m = tokens_per_expert(case, n_tok) * routed_load(case, c)
     fe = case.expert_ffn / case.expert_tp
     mats = 3 if case.gated else 2
-    g = gemm  # Rates.gemm
-    t = local * (g(m, case.hidden, (mats - 1) * fe) + g(m, fe, case.hidden))  # type: ignore[operator]
+    g = gemm  # Rates.gemm: one grouped launch of the local experts, whose tiles fill the waves together
+    t = g(m, case.hidden, (mats - 1) * fe, local) + g(m, fe, case.hidden, local)  # type: ignore[operator]
     # a grouped GEMM reaches less than one dense GEMM of the same shape: per-expert tails, the
     # group's scheduling and (fp8) per-expert scaling (grouped_gemm_eff, 0.5-1.0)
     return t / c.grouped_gemm_eff if local > 1 else t

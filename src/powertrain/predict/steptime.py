@@ -2,11 +2,13 @@
 
 Per layer and micro-batch on one device (tokens ``n = b·s/cp``):
 
-* GEMMs: ``FLOPs / (peak[precision] · e[precision] · f(d))`` with the shape factor
-  ``f(d) = d/(d + knee)`` on the smallest GEMM dimension ``d`` (tokens, or hidden/tp, or the
-  expert FFN width), so thin GEMMs (high TP, small experts, tiny micro-batches) run slower;
+* GEMMs: ``FLOPs / (peak[precision] · e[precision] · f(m, k, n))`` with ``f`` the shape's tile and wave
+  quantisation on the device's SMs (predict/kernel_shape.py: the library's best tile, the last wave's idle
+  SMs, each tile's fill), so thin GEMMs (high TP, few tokens per expert, small micro-batches) run slower;
+  the routed experts' grouped GEMM fills its waves with every local expert's tiles together;
 * fused attention: causal ``QKᵀ``/``AV`` work (half the counted model FLOPs) at
-  ``attn_eff_ratio`` × the 16-bit GEMM rate (fp8 recipes keep attention in 16-bit);
+  ``attn_eff_ratio`` × the 16-bit GEMM rate (fp8 recipes keep attention in 16-bit), × the share of its
+  last wave its (sequence, head, query block) thread blocks fill;
 * elementwise work (norms, residuals, activation functions, MoE permutation) as bytes moved at
   ``mem_eff`` × HBM bandwidth, replicated over TP unless sequence parallel;
 * TP collectives: 2 all-reduces (or all-gather + reduce-scatter with SP) of ``n·h`` 16-bit
@@ -38,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from powertrain.core.flops import LayerFlops, Shape, layer_flops_per_token, parameter_counts, shape_of
-from powertrain.predict import engines, lora, moe, precision
+from powertrain.predict import engines, kernel_shape, lora, moe, precision
 from powertrain.predict import network as net
 from powertrain.predict.calibration import Coefficients
 from powertrain.predict.case import Case
@@ -109,22 +111,19 @@ class Rates:
 
     peak: float  # FLOP/s of large GEMMs in the case's precision
     peak16: float  # FLOP/s of large 16-bit (fp32 for fp32/tf32 runs) GEMMs: attention's rate
-    knee: float  # GEMM dimension at which efficiency halves
+    sms: int | None  # SMs (CUs) the kernels' thread blocks fill wave by wave; None: no wave model (a host CPU)
     bw_mem: float  # bytes/s memory-bound kernels reach
     ab: float  # bytes per activation value
     eb_bw: float  # seconds of memory traffic per GEMM operand element
     q: float = 0.0  # seconds of quantisation traffic per GEMM input (activation) value (fp8/fp4 recipes)
 
-    def gemm(self, m_: float, k_: float, n_: float) -> float:
-        """Roofline time of an m×k by k×n GEMM: compute at the shape-scaled rate, or its traffic.
-
-        The shape factor d/(d + knee) on the smallest dimension d models tile and wave quantisation.
-        """
-        d = m_ if m_ < k_ else k_
-        d = d if d < n_ else n_
-        flops = 2 * m_ * k_ * n_ * (d + self.knee) / (self.peak * d)
-        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * self.eb_bw
-        return (flops if flops > traffic else traffic) + m_ * k_ * self.q
+    def gemm(self, m_: float, k_: float, n_: float, groups: float = 1.0) -> float:
+        """Roofline time of ``groups`` m×k by k×n GEMMs in one launch (a grouped GEMM's groups share their
+        waves): compute at the shape's rate (kernel_shape.gemm_efficiency), or its traffic."""
+        f = kernel_shape.gemm_efficiency(m_, k_, n_, self.sms, groups) if self.sms else 1.0
+        flops = 2 * m_ * k_ * n_ * groups / (self.peak * f)
+        traffic = (m_ * k_ + k_ * n_ + m_ * n_) * groups * self.eb_bw
+        return (flops if flops > traffic else traffic) + m_ * k_ * groups * self.q
 
 
 def compute_rates(case: Case, c: Coefficients, clock: float = 1.0) -> Rates:
@@ -150,7 +149,7 @@ def compute_rates(case: Case, c: Coefficients, clock: float = 1.0) -> Rates:
         eff_p = "bf16" if lowp_missing else prec
         peak = dev.peak(prec) * c.gemm_eff(eff_p) * (r16 if eff_p in ("bf16", "fp16") else 1.0) * clock
     ab = 4.0 if prec in ("fp32", "tf32") else 2.0
-    return Rates(peak=peak, peak16=peak16, knee=c.gemm_knee, bw_mem=bw_mem, ab=ab,
+    return Rates(peak=peak, peak16=peak16, sms=dev.compute_units, bw_mem=bw_mem, ab=ab,
                  eb_bw=_ELEM_BYTES.get(prec, 2.0) / bw_mem, q=q)
 
 
@@ -183,11 +182,14 @@ def attention_gemm_time(case: Case, r: Rates, n_tok: float) -> tuple[float, floa
 
 
 def attention_core_time(case: Case, c: Coefficients, r: Rates, lf: LayerFlops, n_tok: float) -> float:
-    """Fused causal attention (half the counted full-sequence work) at ``attn_eff_ratio`` × the 16-bit rate."""
+    """Fused causal attention (half the counted full-sequence work) at ``attn_eff_ratio`` × the 16-bit rate, ×
+    the share of its last wave its thread blocks fill (kernel_shape.attention_efficiency)."""
     s_loc = case.seq_len / case.cp
     rate = (r.peak16 * c.attn_eff_ratio * precision.attention_ratio(case.device.name)
             * precision.attention_kernel_ratio(case.device.name, case.attention_kernel))
-    return 0.5 * lf.attention * n_tok / case.tp * (s_loc + r.knee) / (rate * s_loc)
+    if r.sms:
+        rate *= kernel_shape.attention_efficiency(case.micro_batch, case.heads / case.tp, s_loc, r.sms)
+    return 0.5 * lf.attention * n_tok / case.tp / rate
 
 
 def layer_compute(case: Case, c: Coefficients, r: Rates, lf: LayerFlops,
