@@ -35,7 +35,6 @@ from powertrain.predict.calibration import (
     save_calibration,
 )
 from powertrain.predict.core import predict
-from powertrain.predict.memory import memory_per_device
 from powertrain.predict.published import (
     CALIBRATION_RUNS,
     HELDOUT_FILES,
@@ -46,9 +45,11 @@ from powertrain.predict.published import (
 from powertrain.predict.validation import (
     MEASURED_TIE,
     PREDICTED_TIE,
+    NotFitting,
     OrderedPair,
     comparable_pairs,
     complete_recompute,
+    not_fitting,
     order_pairs,
     record_of,
 )
@@ -180,14 +181,7 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
     print("\nlargest errors:")
     for r, e in worst:
         print(f"  {r.id:<58} {e * 100:+6.1f}%")
-    nofit = []
-    for r in runs:
-        total, _ = memory_per_device(r.case, profile.coefficients)
-        if total > r.case.device.memory_bytes:
-            nofit.append((r.id, total / r.case.device.memory_bytes))
-    print(f"\nmemory: {len(runs) - len(nofit)}/{len(runs)} published runs predicted to fit")
-    for rid, ratio in nofit:
-        print(f"  NOT FIT: {rid} ({ratio:.2f}× capacity)")
+    nofit = print_not_fitting(runs, profile)
     notes = [r for r in runs if r.note]
     for r in notes:
         print(f"  note: {r.id}: {r.note}")
@@ -202,6 +196,16 @@ def report(runs: list[PublishedRun], profile: Calibration, skipped: list[Publish
           f"MoE MAPE {out['moe_mape'] * 100:.1f}% (target ≤ 20%: {'met' if ok_m else 'NOT met'}); "
           f"not fitting: {len(nofit)}")
     return out
+
+
+def print_not_fitting(runs: list[PublishedRun], profile: Calibration) -> list[NotFitting]:
+    """The memory check: a published run predicted not to fit is a false verdict (its source says it ran)."""
+    nofit = not_fitting(runs, profile.coefficients)
+    print(f"\nmemory: {len(runs) - len(nofit)}/{len(runs)} published runs predicted to fit")
+    for n in nofit:
+        said = "; ".join(a for a in n.assumed if "recompute" in a or "FSDP" in a or "offload" in a) or "nothing"
+        print(f"  NOT FIT: {n.id} ({n.need_over_capacity:.2f}× capacity; the reader assumed: {said})")
+    return nofit
 
 
 def heldout(path: Path, profile: Calibration) -> dict[str, object]:
@@ -239,7 +243,8 @@ def heldout(path: Path, profile: Calibration) -> dict[str, object]:
     pairs = ranking(runs, errs, f"pairs ({path.name})")
     out: dict[str, object] = {"describes": str(meta.get("describes") or path.name),
                               "status": record.status if record else "given with --heldout",
-                              "pairs": {"right": sum(p.right for p in pairs), "total": len(pairs)}}
+                              "pairs": {"right": sum(p.right for p in pairs), "total": len(pairs)},
+                              "not_fit": len(print_not_fitting(runs, profile))}
     for a, v in by_arch.items():
         half = q80.get(a)
         figures = {"runs": len(v), "mape": round(float(np.mean(np.abs(v))), 4), "bias": round(float(np.mean(v)), 4)}
@@ -294,6 +299,7 @@ def audited_summary(held: dict[str, dict[str, object]]) -> None:
         assert isinstance(pr, dict)
         pairs_cell = f"{pr['right']}/{pr['total']}" if pr["total"] else "-"
         pooled[str(v["status"])]["pairs"] += [float(pr["right"]), float(pr["total"])]
+        pooled[str(v["status"])]["not_fit"] += [float(v.get("not_fit", 0))]  # type: ignore[arg-type]
         print(f"{name:<44} {v['status']!s:<11} {cells[0]:>14} {cells[1]:>14} {pairs_cell:>12}")
     for status in ("clean", "validation"):
         g = pooled.get(status)
@@ -311,6 +317,7 @@ def audited_summary(held: dict[str, dict[str, object]]) -> None:
                 parts.append(f"{a}: no run")
         right, total = sum(g["pairs"][0::2]), sum(g["pairs"][1::2])
         parts.append(f"pairs {right:.0f}/{total:.0f} ordered right" + (f" ({right / total:.0%})" if total else ""))
+        parts.append(f"{sum(g['not_fit']):.0f} predicted not to fit (each a false verdict: the sources say they ran)")
         print(f"{status} sets pooled: " + "; ".join(parts))
 
 

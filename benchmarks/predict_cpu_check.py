@@ -134,6 +134,7 @@ def main() -> int:
     print(f"\n{'run':<18} {'measured s':>11} {'predicted s':>12} {'error':>8} {'step CV':>8}")
     errs: dict[str, list[float]] = {"validation": [], **{g: [] for g in FROZEN}}
     group = {n: g for g, layouts in FROZEN.items() for n in layouts}
+    steps: dict[str, tuple[int, float, float]] = {}  # held-out run → (devices, measured s, predicted s)
     for name in FIT + HELD_OUT + tuple(group):
         if name not in have:
             print(f"{name:<18} (missing)")
@@ -141,6 +142,8 @@ def main() -> int:
         m = collect_runs([args.dir / name])[0]
         p = predict(m.case, prof).metrics["step_time_mean_s"]
         e = p / m.step_time_s - 1
+        if name not in FIT:
+            steps[name] = (SPECS[name][0], m.step_time_s, p)
         kind = "fit" if name in FIT else group.get(name, "validation")
         if kind != "fit":
             errs[kind].append(e)
@@ -152,7 +155,31 @@ def main() -> int:
         print(f"{kind} layouts within 20%: {within}/{len(es)}, MAPE {mape:.1%}"
               + (f" (predict_cpu_{kind}.yaml, fixed before the change it judges)" if kind in FROZEN else
                  " (looked at while developing: a validation score, not a held-out one)"))
+    ranking(steps)
     return 0
+
+
+def ranking(steps: dict[str, tuple[int, float, float]]) -> None:
+    """Pairs of predicted runs on the same number of devices (same model, global batch and precision here),
+    ordered by throughput as measured and as predicted, judged by predict.validation's rule; micro-batch pairs
+    (same layout and recompute) counted apart."""
+    from powertrain.predict.validation import is_right
+
+    pairs = [(a, b) for i, a in enumerate(steps) for b in list(steps)[i + 1:] if steps[a][0] == steps[b][0]]
+    if not pairs:
+        return
+    judged = []
+    for a, b in pairs:
+        (_, ma, pa_), (_, mb, pb) = steps[a], steps[b]
+        same_but_mb = SPECS[a][1] == SPECS[b][1] and SPECS[a][3] == SPECS[b][3]
+        judged.append((a, b, same_but_mb, is_right(ma / mb, pa_ / pb), ma / mb, pa_ / pb))  # throughput b ÷ a
+    right = sum(j[3] for j in judged)
+    mb = [j for j in judged if j[2]]
+    print(f"pairs on the same device count ordered right: {right}/{len(judged)}; micro-batch pairs (same layout "
+          f"and recompute): {sum(j[3] for j in mb)}/{len(mb)} (every run here was looked at: validation)")
+    for a, b, _, ok, m, p in judged:
+        if not ok:
+            print(f"  wrong: {a} → {b}: measured ×{m:.3f}, predicted ×{p:.3f} in tokens/s")
 
 
 if __name__ == "__main__":

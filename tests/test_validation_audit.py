@@ -132,3 +132,15 @@ def test_a_megatron_deepspeed_run_gets_its_stacks_defaults_not_megatron_cores() 
     assert not any("sequence parallelism not published" in a for a in run.assumptions)
     core = run_from_entry(_entry(framework="Megatron-Core r0.12", source={"ref": "a 2025 table"}, recompute="full"))
     assert core.case is not None and core.case.sequence_parallel and core.case.overlap_tp
+
+
+def test_a_run_predicted_not_to_fit_is_listed_with_what_the_reader_assumed() -> None:
+    from powertrain.predict.calibration import Coefficients
+    from powertrain.predict.validation import not_fitting
+
+    fits = run_from_entry(_entry(recompute="full"))
+    huge = run_from_entry(_entry(id="huge", model={"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048},
+                                 parallel={"tp": 1, "pp": 1, "dp": 8}))
+    (verdict,) = not_fitting([fits, huge], Coefficients())
+    assert verdict.id == "huge" and verdict.need_over_capacity > 1
+    assert any("recompute not published: full assumed" in a for a in verdict.assumed)

@@ -104,6 +104,30 @@ def complete_recompute(runs: Iterable[PublishedRun], coefficients: Coefficients
 
 
 @dataclass(frozen=True, slots=True)
+class NotFitting:
+    """A published run (which its source says ran) that the memory model says does not fit."""
+
+    id: str
+    need_over_capacity: float  # predicted bytes per device ÷ the device's memory
+    assumed: tuple[str, ...]  # what the reader assumed about it (recompute, FSDP, …): where a false verdict starts
+
+
+def not_fitting(runs: Iterable[PublishedRun], coefficients: Coefficients) -> list[NotFitting]:
+    """Every run of ``runs`` predicted not to fit in its device's memory: each one is a false "does not fit"
+    (the source says it ran), listed with the reader's assumptions about it."""
+    from powertrain.predict.memory import memory_per_device
+
+    out = []
+    for r in runs:
+        if r.case is None:
+            continue
+        total, _ = memory_per_device(r.case, coefficients)
+        if total > r.case.device.memory_bytes:
+            out.append(NotFitting(r.id, total / r.case.device.memory_bytes, tuple(r.assumptions)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class ArchScore:
     runs: int
     mape: float
