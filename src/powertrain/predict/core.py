@@ -184,7 +184,7 @@ def _power_metrics(case: Case, phys: Physics, t: float, metrics: dict[str, Any],
         j_per_token=energy / tokens, tokens_per_j=tokens / energy,
         # the study's metric, over the measured window as the analysis computes it for runs
         samples_per_s_per_mj_study=(case.global_batch / t) / (energy * case.window_steps(t) / 1e6),
-        temp_mean_c=sum(s.heat.end_c * s.nodes for s in phys.slots) / sum(s.nodes for s in phys.slots),
+        temp_mean_c=sum([s.heat.end_c * s.nodes for s in phys.slots]) / sum([s.nodes for s in phys.slots]),
         temp_peak_c=hottest.heat.end_c, hottest_slot=f"gpu{hottest.slot}",
         throttle_share=phys.throttle_any, throttle_share_power_cap=phys.throttle_power,
         throttle_share_thermal_sw=phys.throttle_thermal,

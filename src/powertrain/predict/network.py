@@ -66,10 +66,24 @@ class Fabric:
     tree: bool = True  # NCCL may pick a tree at small sizes (gloo runs rings only)
 
 
+# The last fabric asked for, by the (frozen) node object it was built from and the other arguments: one prediction
+# asks for its fabric half a dozen times, and hashing a NodeSpec for _fabric's cache costs more than the arithmetic
+# it saves. One tuple, read and replaced whole, so concurrent callers never see a half-updated entry.
+_last_fabric: tuple[NodeSpec, tuple[int, int, str, float, float, float], Fabric] | None = None
+
+
 def fabric(case: Case, c: Coefficients) -> Fabric:
     """The case's fabric: catalog link rates × achieved efficiencies, latencies × the latency scale."""
-    return _fabric(case.device.node, case.devices_per_node, case._domain, case.device.transport,
-                   c.comm_eff_intra, c.comm_eff_inter, c.comm_latency_scale)
+    global _last_fabric
+    node = case.device.node
+    rest = (case.devices_per_node, case._domain, case.device.transport, c.comm_eff_intra, c.comm_eff_inter,
+            c.comm_latency_scale)
+    last = _last_fabric
+    if last is not None and last[0] is node and last[1] == rest:
+        return last[2]
+    f = _fabric(node, *rest)
+    _last_fabric = (node, rest, f)
+    return f
 
 
 @lru_cache(maxsize=1024)

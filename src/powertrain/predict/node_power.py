@@ -133,17 +133,18 @@ class NodePower:
 
 def undescribed(node: NodeSpec, cooling: str, name: str = "") -> str | None:
     """Why the node's power cannot be computed from its description (None: it can)."""
+    h = node.host
+    if h is not None and not (cooling == "air" and h.max_power_w is None
+                              and (h.fans_max_w is None or h.airflow_max_cfm is None)):
+        return None  # described: no message to build (every prediction asks)
     what = f"the node of {name!r}" if name else "this node"
-    fix = ("add a `host:` block to the device's `node:` in a --hardware / $POWERTRAIN_HARDWARE file (keys: the "
-           "header of hardware/catalog.yaml, docs/model.md §6)")
-    if node.host is None:
+    if h is None:
+        fix = ("add a `host:` block to the device's `node:` in a --hardware / $POWERTRAIN_HARDWARE file (keys: the "
+               "header of hardware/catalog.yaml, docs/model.md §6)")
         return (f"{what}: the hardware catalog describes no host (CPUs, memory, NICs, power supplies), so node "
                 f"power is unknown; {fix}")
-    h = node.host
-    if cooling == "air" and h.max_power_w is None and (h.fans_max_w is None or h.airflow_max_cfm is None):
-        return (f"{what}: air-cooled, but its host gives neither max_power_w (the data sheet's maximum system "
-                "power, which sizes the fans) nor fans_max_w with airflow_max_cfm, so fan power is unknown; add them")
-    return None
+    return (f"{what}: air-cooled, but its host gives neither max_power_w (the data sheet's maximum system "
+            "power, which sizes the fans) nor fans_max_w with airflow_max_cfm, so fan power is unknown; add them")
 
 
 def node_power(gpus_w: float, node: NodeSpec, cooling: str, *, ranks: int | None = None, training: bool = True,

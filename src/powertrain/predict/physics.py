@@ -82,7 +82,9 @@ class Physics:
 
     @property
     def hottest(self) -> SlotState:
-        return max(self.slots, key=lambda s: s.heat.end_c)
+        """The first slot with the highest end temperature (max over plain floats, then its index: no key calls)."""
+        ends = [s.heat.end_c for s in self.slots]
+        return self.slots[ends.index(max(ends))]
 
     @property
     def swing_w(self) -> float:
@@ -136,21 +138,24 @@ def _slots(dev: DeviceSpec, case: Case, c: Coefficients, stages: dict[str, Stage
 
     dpn = max(1, min(case.devices_per_node, case.world))
     ratios = slot_ratios(dev, dpn)
+    # per stage kind, once: its clock, mean power and power-cap share (a node has up to 72 slots of 3 kinds)
+    own = {k: (sp.clock, sp.timeline.mean_w, sp.throttle_power) for k, sp in stages.items()}
     out: list[SlotState] = []
     for nodes, first, pat in node_patterns(case):
         powers = []
         clocks = []
         for i, kind in enumerate(pat):
-            sp = stages[kind]
-            r = slot_clock.get((first, i), sp.clock)
-            tl = sp.timeline if r == sp.clock else stage_timeline(dev, c, work, sp.stage, r, composed)
-            powers.append(tl.mean_w * ratios[i])
+            clock, mean_w, _ = own[kind]
+            r = slot_clock.get((first, i), clock) if slot_clock else clock
+            if r != clock:
+                sp = stages[kind]
+                mean_w = stage_timeline(dev, c, work, sp.stage, r, composed).mean_w
+            powers.append(mean_w * ratios[i])
             clocks.append(r)
-        for i, (kind, heat) in enumerate(zip(pat, node_heat(dev, dpn, powers, run_s), strict=True)):
-            hot = (first, i) in slot_clock
-            out.append(SlotState(slot=i, nodes=nodes, first_node=first, stage=kind, power_w=powers[i], clock=clocks[i],
-                                 heat=heat, thermal_throttled=hot,
-                                 throttle_power=0.0 if hot else stages[kind].throttle_power))
+        for i, heat in enumerate(node_heat(dev, dpn, powers, run_s)):
+            hot = bool(slot_clock) and (first, i) in slot_clock
+            kind = pat[i]
+            out.append(SlotState(i, nodes, first, kind, powers[i], clocks[i], heat, hot, 0.0 if hot else own[kind][2]))
     return out
 
 
@@ -206,11 +211,13 @@ def device_physics(case: Case, c: Coefficients, work: StepWork, lock: float, run
         composed, stages = stage_clocks(dev, c, work, limit, caps, pace=thermal_caps)
         run_s = composed.total_s * run_steps
         slots = _slots(dev, case, c, stages, run_s, slot_clock, composed, work)
-    n_dev = sum(s.nodes for s in slots) or 1
-    mean_w = sum(s.power_w * s.nodes for s in slots) / n_dev
-    clock_mean = sum((s.clock if s.thermal_throttled else stages[s.stage].clock_mean) * s.nodes for s in slots) / n_dev
-    thr_p = sum(s.throttle_power * s.nodes for s in slots) / n_dev
-    thr_t = sum(s.nodes for s in slots if s.thermal_throttled) / n_dev
+    # device-weighted means (list comprehensions: sum over a list is the same sum, without a generator's cost)
+    n_dev = sum([s.nodes for s in slots]) or 1
+    mean_w = sum([s.power_w * s.nodes for s in slots]) / n_dev
+    stage_clock = {k: sp.clock_mean for k, sp in stages.items()}
+    clock_mean = sum([(s.clock if s.thermal_throttled else stage_clock[s.stage]) * s.nodes for s in slots]) / n_dev
+    thr_p = sum([s.throttle_power * s.nodes for s in slots]) / n_dev
+    thr_t = sum([s.nodes for s in slots if s.thermal_throttled]) / n_dev
     window_s = composed.total_s * measured_steps
     hungry = max(stages.values(), key=lambda sp: sp.timeline.mean_w)
     fields = sensors_of(dev)

@@ -61,15 +61,20 @@ def node_heat(dev: DeviceSpec, devices_per_node: int, powers: list[float], run_s
     node_mean = sum(powers) / len(powers)
     pre, pre_idle = th.rear_preheat_c_per_kw * node_mean / 1000.0, th.rear_preheat_c_per_kw * dev.idle_w / 1000.0
     decay = math.exp(-max(0.0, run_s) / th.tau_s)
-    r = th.r_c_per_w
+    r, tau, inlet = th.r_c_per_w, th.tau_s, th.inlet_c
+    # a front and a rear slot's inlet and idle temperature: the same for every slot of the row
+    idle_rise = r * dev.idle_w
+    t_in_of = (inlet + 0.0, inlet + pre)
+    idle_of = (inlet + 0.0 + idle_rise, inlet + pre_idle + idle_rise)
+    log = math.log
     out = []
     for i, p in enumerate(powers):
-        t_in = th.inlet_c + (pre if rear[i] else 0.0)
+        row = 1 if rear[i] else 0
+        t_in = t_in_of[row]
         steady = t_in + r * p
-        idle = th.inlet_c + (pre_idle if rear[i] else 0.0) + r * dev.idle_w
+        idle = idle_of[row]
         gap = abs(steady - idle)
-        out.append(SlotHeat(inlet_c=t_in, steady_c=steady, end_c=steady + (idle - steady) * decay, idle_c=idle,
-                            time_to_steady_s=th.tau_s * math.log(gap) if gap > 1.0 else 0.0))
+        out.append(SlotHeat(t_in, steady, steady + (idle - steady) * decay, idle, tau * log(gap) if gap > 1.0 else 0.0))
     return out
 
 

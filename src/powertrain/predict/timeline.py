@@ -33,7 +33,9 @@ power limit (:mod:`powertrain.predict.governor`). :meth:`StageTimeline.render` d
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -119,8 +121,15 @@ def compose_step(work: StepWork, clocks: dict[str, float] | float = 1.0) -> Comp
     per: dict[str, float] = {}
     weighted = 0.0
     low = 1.0
+    # told apart once, not per stage: one clock for every stage, or one per stage kind
+    every: float | None = None
+    by_kind: dict[str, float] = {}
+    if isinstance(clocks, float | int):
+        every = float(clocks)
+    else:
+        by_kind = clocks
     for s in work.stages:
-        r = float(clocks if isinstance(clocks, float | int) else clocks.get(s.name, 1.0))
+        r = every if every is not None else float(by_kind.get(s.name, 1.0))
         low = min(low, r)
         t = work.vp * s.chunk_cycle_s(r, work.memory_floor)
         per[s.name] = t
@@ -142,6 +151,11 @@ class Piece(NamedTuple):
 
     def energy(self, g: float) -> float:
         return self.e0 + self.e1 * g
+
+
+# _as_piece((d, e0, e1)): a Piece without NamedTuple's Python-level __new__: half the cost, and a step's timeline is built
+# from 15 pieces, a dozen times per prediction (the governor's search)
+_as_piece: Callable[[tuple[float, float, float]], Piece] = functools.partial(tuple.__new__, Piece)
 
 
 def draw_constants(dev: DeviceSpec, c: Coefficients) -> tuple[float, float, float, float, float]:
@@ -169,21 +183,21 @@ def _total(pieces: tuple[Piece, ...], times: float = 1.0) -> Piece:
 def _two_piece_max(pattern: tuple[Piece, Piece], w: float, g: float) -> tuple[float, float]:
     """:func:`max_window` of a periodic ``[a, b]`` pattern in closed form: whole periods, and the remainder laid
     over as much of the denser piece as it holds."""
-    a, b = pattern
-    period = a.d + b.d
+    (ad, a0, a1), (bd, b0, b1) = pattern  # plain locals: this runs for every window the governor reads
+    period = ad + bd
     if period <= 0 or w <= 0:
         return 0.0, 0.0
     whole = math.floor(w / period)
     rem = w - whole * period
-    if a.d > 0 and (b.d <= 0 or (a.e0 + a.e1 * g) * b.d >= (b.e0 + b.e1 * g) * a.d):
-        hi, lo = a, b
+    if ad > 0 and (bd <= 0 or (a0 + a1 * g) * bd >= (b0 + b1 * g) * ad):
+        hd, h0, h1, ld, l0, l1 = ad, a0, a1, bd, b0, b1
     else:
-        hi, lo = b, a
-    take_hi = min(rem, hi.d)
+        hd, h0, h1, ld, l0, l1 = bd, b0, b1, ad, a0, a1
+    take_hi = hd if hd < rem else rem  # min(rem, hd), NaN included
     take_lo = rem - take_hi
-    r0 = (hi.e0 * take_hi / hi.d if hi.d > 0 else 0.0) + (lo.e0 * take_lo / lo.d if lo.d > 0 else 0.0)
-    r1 = (hi.e1 * take_hi / hi.d if hi.d > 0 else 0.0) + (lo.e1 * take_lo / lo.d if lo.d > 0 else 0.0)
-    return (whole * (a.e0 + b.e0) + r0) / w, (whole * (a.e1 + b.e1) + r1) / w
+    r0 = (h0 * take_hi / hd if hd > 0 else 0.0) + (l0 * take_lo / ld if ld > 0 else 0.0)
+    r1 = (h1 * take_hi / hd if hd > 0 else 0.0) + (l1 * take_lo / ld if ld > 0 else 0.0)
+    return (whole * (a0 + b0) + r0) / w, (whole * (a1 + b1) + r1) / w
 
 
 def max_window(pieces: tuple[Piece, ...], w: float, g: float) -> tuple[float, float]:
@@ -212,20 +226,20 @@ def max_window(pieces: tuple[Piece, ...], w: float, g: float) -> tuple[float, fl
     if rem > period * 1e-12:
         best = -math.inf
         n = len(pieces)
+        # the window from boundary ``start`` walks n + 1 pieces forward (start, start+1, …) or backward (start-1,
+        # start-2, …), cyclically: slices of the signal repeated four times, so no index arithmetic per piece
+        ring = pieces * 4
         for start in range(n):
-            for step in (1, -1):
+            for walk in (ring[n + start:2 * n + start + 1], ring[3 * n + start - 1:2 * n + start - 2:-1]):
                 left, a0, a1 = rem, 0.0, 0.0
-                i = start if step == 1 else start - 1
-                for _ in range(n + 1):
-                    p = pieces[i % n]
-                    if p.d > 0:
-                        take = p.d if p.d < left else left
-                        a0 += p.e0 * take / p.d
-                        a1 += p.e1 * take / p.d
+                for d, e0, e1 in walk:
+                    if d > 0:
+                        take = d if d < left else left
+                        a0 += e0 * take / d
+                        a1 += e1 * take / d
                         left -= take
                         if left <= 0:
                             break
-                    i += step
                 if a0 + a1 * g > best:
                     best, b0, b1 = a0 + a1 * g, a0, a1
     tot0 = sum(p.e0 for p in pieces)
@@ -298,24 +312,24 @@ class StageTimeline:
         step_s = self.seconds
         busy = self.step[0].d
         cyc = self.cycle
-        f_chunk, b_chunk = cyc[0].d, cyc[2].d
-        cyc_s = f_chunk + cyc[1].d + b_chunk + cyc[3].d
+        f_run, send1, b_run, send2 = cyc
+        f_chunk, b_chunk = f_run.d, b_run.d
+        cyc_s = f_chunk + send1.d + b_chunk + send2.d
         # the best so far as (power, e0, e1, level, share); one WindowPeak is built at the end
         best_p, best = -math.inf, (0.0, 0.0, "step", 1.0)
         for pattern, chunk in ((self.fwd_pass, f_chunk), (self.bwd_pass, b_chunk)):
             if w <= chunk and chunk > 0:
                 e0, e1 = _two_piece_max(pattern, w, g)
-                if e0 + e1 * g > best_p:
-                    pass_s = pattern[0].d + pattern[1].d
-                    near = min(1.0, max(pattern[0].d, w) / pass_s)  # a reading's window holding the kernel
-                    best_p, best = e0 + e1 * g, (e0, e1, "kernels", busy / step_s * chunk / cyc_s * near)
+                power = e0 + e1 * g
+                if power > best_p:
+                    kernel_d = pattern[0].d
+                    near = min(1.0, max(kernel_d, w) / (kernel_d + pattern[1].d))  # a reading's window holding the kernel
+                    best_p, best = power, (e0, e1, "kernels", busy / step_s * chunk / cyc_s * near)
         if best_p > -math.inf and w <= f_chunk and w <= b_chunk:
-            denser = False
-            for p in (*self.step[1:], cyc[1], cyc[3]):
-                if p.d >= w and (p.e0 + p.e1 * g) / p.d > best_p:
-                    denser = True
-                    break
-            if not denser:
+            for d, e0, e1 in (*self.step[1:], send1, send2):
+                if d >= w and (e0 + e1 * g) / d > best_p:
+                    break  # a coarser piece that holds the window is denser still: look further
+            else:
                 return self._keep(key, best_p, best)
         if w <= busy and cyc_s > 0:
             e0, e1 = max_window(cyc, w, g)
@@ -357,11 +371,13 @@ def _layer_pass(k: tuple[float, float, float, float, float], pw: PassWork, r: fl
                 mem: float) -> tuple[Piece, Piece]:
     n = pw.passes if pw.passes > 1.0 else 1.0
     per_compute = pw.compute / r / n
-    longest = min(pw.longest / r, per_compute)  # the longest kernel, no longer than a pass's compute
+    kernel = pw.longest / r
+    longest = per_compute if per_compute < kernel else kernel  # the longest kernel, no longer than a pass's compute
     rest_c, rest_m, rest_w = per_compute - longest, (pw.memory * mem + pw.comm) / n, pw.host / n
     rest_d = rest_c + rest_m + rest_w
-    return (Piece(longest, k[0] * longest, k[2] * longest),
-            Piece(rest_d, k[0] * rest_d + k[1] * rest_m, k[2] * rest_c + k[3] * rest_m + k[4] * rest_w))
+    idle, m0, comp, m1, w1 = k
+    return (_as_piece((longest, idle * longest, comp * longest)),
+            _as_piece((rest_d, idle * rest_d + m0 * rest_m, comp * rest_c + m1 * rest_m + w1 * rest_w)))
 
 
 def stage_timeline(dev: DeviceSpec, c: Coefficients, work: StepWork, stage: StageWork, r: float,
@@ -386,20 +402,24 @@ def stage_timeline(dev: DeviceSpec, c: Coefficients, work: StepWork, stage: Stag
     nb = bwd.passes if bwd.passes > 1.0 else 1.0
     half = stage.sends / 2 + work.in_run_comm / chunks / 2
     idle, m0, _, m1, w1 = k
-    f_run = Piece(nf * (fp[0].d + fp[1].d), nf * (fp[0].e0 + fp[1].e0), nf * (fp[0].e1 + fp[1].e1))
-    b_run = Piece(nb * (bp[0].d + bp[1].d), nb * (bp[0].e0 + bp[1].e0), nb * (bp[0].e1 + bp[1].e1))
+    (fkd, fk0, fk1), (frd, fr0, fr1) = fp
+    (bkd, bk0, bk1), (brd, br0, br1) = bp
+    # the chunks' runs of layer passes, the sends around them, the busy stretch: plain floats, then pieces
+    fd, f0, f1 = nf * (fkd + frd), nf * (fk0 + fr0), nf * (fk1 + fr1)
+    bd, b0, b1 = nb * (bkd + brd), nb * (bk0 + br0), nb * (bk1 + br1)
     wc = wait / chunks
-    send1 = Piece(half, (idle + m0) * half, m1 * half)
-    send2 = Piece(half + wc, idle * (half + wc) + m0 * half, m1 * half + w1 * wc)
-    cycle = (f_run, send1, b_run, send2)
-    busy = Piece(chunks * (f_run.d + send1.d + b_run.d + send2.d), chunks * (f_run.e0 + send1.e0 + b_run.e0 + send2.e0),
-                 chunks * (f_run.e1 + send1.e1 + b_run.e1 + send2.e1))
+    s1d, s10, s11 = half, (idle + m0) * half, m1 * half
+    s2d, s20, s21 = half + wc, idle * (half + wc) + m0 * half, m1 * half + w1 * wc
+    cycle = (_as_piece((fd, f0, f1)), _as_piece((s1d, s10, s11)), _as_piece((bd, b0, b1)), _as_piece((s2d, s20, s21)))
+    busy_d, busy0, busy1 = chunks * (fd + s1d + bd + s2d), chunks * (f0 + s10 + b0 + s20), chunks * (f1 + s11 + b1 + s21)
     bub, tc, fx = composed.bubble_s, work.tail_comm, work.fixed
-    step = (busy, Piece(bub, idle * bub, w1 * bub), Piece(tc, (idle + m0) * tc, m1 * tc),
-            Piece(opt, (idle + m0) * opt, m1 * opt), Piece(fx, idle * fx, w1 * fx))
-    seconds = busy.d + bub + tc + opt + fx
-    e0 = busy.e0 + step[1].e0 + step[2].e0 + step[3].e0 + step[4].e0
-    e1 = busy.e1 + step[1].e1 + step[2].e1 + step[3].e1 + step[4].e1
+    bub0, tc0, opt0, fx0 = idle * bub, (idle + m0) * tc, (idle + m0) * opt, idle * fx
+    bub1, tc1, opt1, fx1 = w1 * bub, m1 * tc, m1 * opt, w1 * fx
+    step = (_as_piece((busy_d, busy0, busy1)), _as_piece((bub, bub0, bub1)), _as_piece((tc, tc0, tc1)),
+            _as_piece((opt, opt0, opt1)), _as_piece((fx, fx0, fx1)))
+    seconds = busy_d + bub + tc + opt + fx
+    e0 = busy0 + bub0 + tc0 + opt0 + fx0
+    e1 = busy1 + bub1 + tc1 + opt1 + fx1
     return StageTimeline(name=stage.name, clock=r, g=g, fwd_pass=fp, bwd_pass=bp, passes=(nf, nb), cycle=cycle,
                          cycles=chunks, step=step, compute_s=chunks * (fwd.compute + bwd.compute) / r,
                          seconds=seconds, energy_j=e0 + e1 * g)
