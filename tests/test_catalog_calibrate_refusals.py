@@ -75,7 +75,7 @@ def test_an_unknown_top_level_or_thermal_key_is_refused(tmp_path) -> None:
     msg = _refused(tmp_path, {"devices": {"mygpu": {**H100, "thermal": {**air, "inlet": 20}}}})
     assert "device 'mygpu' thermal: unknown key 'inlet' (did you mean inlet_c?)" in msg
     # no close spelling: the known keys are listed
-    assert "unknown key 'zzz' (known: aliases, cooling" in _refused(tmp_path, {"devices": {"g": {**H100, "zzz": 1}}})
+    assert "unknown key 'zzz' (known: aliases, compute_units, cooling" in _refused(tmp_path, {"devices": {"g": {**H100, "zzz": 1}}})
 
 
 def test_note_and_source_document_any_entry(tmp_path) -> None:

@@ -500,9 +500,10 @@ def _fit_step(runs: Sequence[MeasuredRun], cal: Calibration, chosen: list[str]) 
         # mean |log ratio|: close to MAPE, and robust to one noisy measurement
         return float(np.mean([abs(math.log1p(e)) for e in errs]))
 
-    # Nelder–Mead is local; coefficients can sit orders of magnitude from the defaults (a CPU's
-    # collective latency, say), so start from a coarse grid of scales and keep the best.
-    starts = [x0 + np.array(offs) for offs in itertools.product((0.0, 3.0), repeat=len(chosen))]
+    # Nelder–Mead is local; coefficients can sit orders of magnitude from the defaults, either way (a CPU's
+    # collective latency above, its GEMM efficiency below), so start from a coarse grid of scales — ×1/20, ×1,
+    # ×20 each — and keep the best.
+    starts = [x0 + np.array(offs) for offs in itertools.product((-3.0, 0.0, 3.0), repeat=len(chosen))]
     results = [_nelder_mead(objective, x, iters=120, step=1.0) for x in starts]
     best = _nelder_mead(objective, min(results, key=objective), iters=300, step=0.2)
     return make(best)
