@@ -16,7 +16,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from powertrain.hardware import DeviceSpec, get_device, is_cpu_name
+from powertrain.hardware import DeviceSpec, hardware_from_option, is_cpu_name
 from powertrain.predict.node_power import nodes_power, undescribed
 from powertrain.spec.bounds import load_spec_yaml
 from powertrain.spec.model import ModelConfig, get_model
@@ -68,6 +68,7 @@ class Request:
     power_caps: tuple[float | None, ...] = (None,)  # per-GPU caps to try (None: the device default)
     clock_locks: tuple[float, ...] = ()  # SM clock locks to try, as a fraction of the maximum clock
     max_vp: int = 8  # largest interleaving (virtual stages) tried
+    hardware_note: str | None = None  # how --hardware was read, where it was not an entry's own name
 
     @property
     def world(self) -> int:
@@ -145,12 +146,12 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
     locks are fractions of it."""
     m = load_model(model, seq_len)
     try:
-        dev = get_device(device)
+        dev, hardware_note = hardware_from_option(device)  # a path is that file; a near name says what it became
     except KeyError as exc:  # UnknownDeviceError: its message names the closest catalog entries
         text = str(getattr(exc, "message", None) or exc)
-        # advise's --hardware is the device name; a user catalog comes in through the environment
-        raise ValueError("--hardware: " + text.replace("pass it with --hardware", "set $POWERTRAIN_HARDWARE to "
-                                                                                 "its path")) from None
+        raise ValueError("--hardware: " + text.replace("pass it with --hardware", "give --hardware its path")) from None
+    if not is_cpu_name(device):
+        device = dev.name  # the entry it resolved to is what every spec and case names from here on
     if nodes < 1 or gpus < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
                          "node count")
@@ -205,7 +206,7 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
                    global_batch=global_batch, precision=prec, engine=eng, constraints=constraints,
                    objective=objective, power_caps=_caps(dev, power_caps, constraints.power_cap_w,
                                                         _power_matters(constraints, objective)),
-                   clock_locks=locks, max_vp=max_vp)
+                   clock_locks=locks, max_vp=max_vp, hardware_note=hardware_note)
 
 
 def _check_objective_inputs(o: Objective) -> None:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from powertrain.cli import app
+from powertrain.hardware import describe_hardware
 from powertrain.cli.plan import fail
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _floats(text: str | None, option: str) -> list[float] | None:
 def advise_cmd(  # long function: one typed option per input, constraint and output, as typer needs them
     model: Annotated[str, typer.Option("--model", "-m", help="Catalog model name, or a YAML file with a model "
                                                              "(or a run spec whose model: is one).")],
-    hardware: Annotated[str, typer.Option("--hardware", help="Device name from the hardware catalog, or cpu.")],
+    hardware: Annotated[str, typer.Option("--hardware", help="A catalog device name (a near name says which entry it became), cpu, or the path of a hardware YAML describing one device (your GPU and network: see docs/model.md §2).")],
     gpus: Annotated[int, typer.Option("--gpus", "-g", min=1, help="Devices (ranks) in all.")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", min=1, help="Samples per optimizer step.")],
     nodes: Annotated[int, typer.Option("--nodes", "-n", min=1, help="Nodes the devices are spread over.")] = 1,
@@ -202,6 +203,9 @@ def _print_advice(adv: Advice) -> None:
     out.print(f"[bold]advise[/]: {escape(req.model.name)} (seq {req.model.seq_len}) on {req.world}× "
               f"{escape(req.device.name)} ({req.nodes} node(s)), global batch {req.global_batch}, {req.precision}, "
               f"engine {req.engine}; objective {req.objective.kind}; profile {escape(adv.calibration)}")
+    if req.hardware_note:
+        out.print(f"note: {escape(req.hardware_note)}")
+    out.print(f"hardware assumed: {escape(describe_hardware(req.device))}")
     out.print(f"searched {st.enumerated:,} candidates in {adv.seconds:.1f} s ({st.enumerated / adv.seconds:,.0f}/s): "
               f"{st.rejected_rules:,} broke plan's rules, {st.rejected_memory:,} did not fit in memory, "
               f"{st.same_as_uncapped:,} caps or clock locks would not bind, {st.kept:,} predicted, {len(adv.points):,} within the "
@@ -361,7 +365,8 @@ def _print_json(adv: Advice, doc: dict[str, Any], emitted: list[dict[str, Any]],
 
     from powertrain.advise import as_dict
 
-    d = {**as_dict(adv), **doc}
+    d = {**as_dict(adv), **doc,
+         "hardware": {"assumed": describe_hardware(adv.request.device), "note": adv.request.hardware_note}}
     if emitted:
         d["emitted"] = emitted
     if html is not None:

@@ -120,13 +120,10 @@ def _use_hardware_files(hardware: list[Path]) -> None:
 
     The files go after those already in $POWERTRAIN_HARDWARE, never instead of them: a site's entries stay,
     and a --hardware entry of the same name wins, the order ``hardware.load_catalog`` documents."""
-    import os
+    from powertrain.hardware.catalog import use_catalog_file
 
-    env = [p for p in os.environ.get("POWERTRAIN_HARDWARE", "").split(":") if p]
-    os.environ["POWERTRAIN_HARDWARE"] = ":".join([*env, *(str(h) for h in hardware)])
-    from powertrain.hardware.catalog import _default_catalog
-
-    _default_catalog.cache_clear()
+    for h in hardware:
+        use_catalog_file(h)
 
 
 def _calibration_or_exit(profile: str) -> Calibration:

@@ -476,6 +476,66 @@ def get_device(name: str, catalog: dict[str, DeviceSpec] | None = None) -> Devic
     return cat[resolve_device(name, cat)]
 
 
+def looks_like_path(text: str) -> bool:
+    """Whether a --hardware value is a file, not a device name: a path separator, a YAML suffix, or a file there."""
+    return os.sep in text or Path(text).suffix.lower() in (".yaml", ".yml") or Path(text).is_file()
+
+
+def use_catalog_file(path: str | os.PathLike[str]) -> None:
+    """Add a hardware file to this process's catalog, after $POWERTRAIN_HARDWARE's (a later entry of a name wins):
+    every lookup from here on — a spec's device, a case, the planner's rules — sees its devices."""
+    resolved = str(Path(path).resolve())
+    files = [p for p in os.environ.get("POWERTRAIN_HARDWARE", "").split(":") if p]
+    if resolved not in files:
+        os.environ["POWERTRAIN_HARDWARE"] = ":".join([*files, resolved])
+    _default_catalog.cache_clear()
+
+
+def hardware_from_option(text: str) -> tuple[DeviceSpec, str | None]:
+    """The device a ``--hardware`` value means, and one line saying how it was read (None: it is an entry's own
+    name, or ``cpu``).
+
+    A path (:func:`looks_like_path`) is that file, never a name: it must exist and describe exactly one device,
+    which is read with the catalog's rules (its keys checked, its thermal and node entries) and used as is. A
+    name is an entry's name; an alias or a name read by its features (:func:`resolve_device`) says which entry it
+    became, every time, since a near name silently becoming another part is how a wrong network gets advised.
+    """
+    if is_cpu_name(text):
+        return measure_cpu(), None
+    if looks_like_path(text):
+        path = Path(text)
+        if not path.exists():
+            raise ValueError(f"--hardware {text}: no such file; give the path of a hardware YAML (the schema of "
+                             "hardware/catalog.yaml) or a catalog device name")
+        names = [str(n) for n in (_read(path).get("devices") or {})]
+        if len(names) != 1:
+            raise ValueError(f"--hardware {text}: the file describes {len(names)} devices "
+                             f"({', '.join(names) or 'none'}); give --hardware a file with one device, or list the file "
+                             "in $POWERTRAIN_HARDWARE and give --hardware the device's name")
+        use_catalog_file(path)
+        return _default_catalog()[names[0]], (f"--hardware {text}: device {names[0]!r} as that file describes it "
+                                              "(an emitted spec needs the file too: POWERTRAIN_HARDWARE=" f"{path})")
+    cat = _default_catalog()
+    entry = cat.get(text) or cat.get(_index(cat).labels.get(_norm(text), ""))
+    if entry is not None:
+        exact = _norm(text) == _norm(entry.name)
+        return entry, None if exact else f"--hardware {text!r}: catalog entry {entry.name!r} ({text!r} is one of its aliases)"
+    name = resolve_device(text, cat)  # an UnknownDeviceError names the closest entries
+    return cat[name], (f"--hardware {text!r} is no catalog name or alias: read as entry {name!r} by what the name "
+                       "states (family, memory, form factor); give that name, or a hardware file, to be exact")
+
+
+def describe_hardware(dev: DeviceSpec) -> str:
+    """One line of what a prediction assumes about the hardware: GPU, memory, scale-up domain, NICs, cooling."""
+    if dev.is_host_cpu:
+        return f"{dev.name} (this host's CPU, measured)"
+    n = dev.node
+    nics = f"{n.nic_count} × {n.nic_bw * 8 / 1e9:g} Gb/s NICs" if n.nic_count else "no NICs described"
+    return (f"{dev.name}: {dev.memory_bytes / (2**30 * 0.99):g} GB, {dev.tdp_w:g} W; {n.devices_per_node} per node, "
+            f"scale-up domain {n.nvlink_domain} at {n.intra_node_bw / 1e9:g} GB/s per GPU per direction; {nics} per "
+            f"node; {dev.cooling} cooled")
+
+
 # --- reading device names as people write them ------------------------------------------------------------
 
 # Words that say nothing about which device it is (vendor and marketing words, memory technologies).
