@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from powertrain.cli import app
-from powertrain.hardware import describe_hardware
 from powertrain.cli.plan import fail
 
 if TYPE_CHECKING:
@@ -203,6 +202,8 @@ def _print_advice(adv: Advice) -> None:
     out.print(f"[bold]advise[/]: {escape(req.model.name)} (seq {req.model.seq_len}) on {req.world}× "
               f"{escape(req.device.name)} ({req.nodes} node(s)), global batch {req.global_batch}, {req.precision}, "
               f"engine {req.engine}; objective {req.objective.kind}; profile {escape(adv.calibration)}")
+    from powertrain.hardware import describe_hardware
+
     if req.hardware_note:
         out.print(f"note: {escape(req.hardware_note)}")
     out.print(f"hardware assumed: {escape(describe_hardware(req.device))}")
@@ -364,6 +365,7 @@ def _print_json(adv: Advice, doc: dict[str, Any], emitted: list[dict[str, Any]],
     import json
 
     from powertrain.advise import as_dict
+    from powertrain.hardware import describe_hardware
 
     d = {**as_dict(adv), **doc,
          "hardware": {"assumed": describe_hardware(adv.request.device), "note": adv.request.hardware_note}}
