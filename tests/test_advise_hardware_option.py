@@ -83,3 +83,15 @@ def test_advise_prints_the_hardware_it_assumed_and_how_it_read_the_option(tmp_pa
     lines = res.output.splitlines()
     assert any(ln.startswith("note: --hardware ") and "h200-ib100" in ln for ln in lines)
     assert any(ln.startswith("hardware assumed: h200-ib100: 141 GB") and "1 × 100 Gb/s NICs" in ln for ln in lines)
+
+
+def test_predict_prints_the_hardware_each_spec_assumed_and_a_near_name(tmp_path: Path) -> None:
+    spec = tmp_path / "near.yaml"
+    spec.write_text("name: near\nmodel: llama3-8b\nlayout: {tp: 2, pp: 1}\n"
+                    "knobs: {micro_batch: 1, global_batch: 16, precision: bf16}\n"
+                    "hardware: {nodes: 1, devices_per_node: 8, device: H100}\n")
+    res = CliRunner().invoke(app, ["predict", str(spec)], terminal_width=220)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "note: hardware.device 'H100': catalog entry 'h100-sxm' ('H100' is one of its aliases)" in text
+    assert "hardware assumed: h100-sxm: 80 GB, 700 W; 8 per node" in text

@@ -257,7 +257,13 @@ def _print_table(results: Results, cal: Calibration, elapsed: float) -> None:
         out.print(PEAK_NOTE)
     # no pooled or in-sample "model error" here: the held-out notes below quote clean sets only, GPU rows only
     out.print(f"{len(results)} configurations predicted in {elapsed:.2f} s.")
-    from powertrain.hardware import is_cpu_name
+    from powertrain.hardware import describe_hardware, device_by_name, is_cpu_name
+
+    for name in dict.fromkeys(c.hardware.device for c, _ in results if not is_cpu_name(c.hardware.device)):
+        dev, note = device_by_name(name, "hardware.device")
+        if note:
+            out.print(f"note: {escape(note)}")
+        out.print(f"hardware assumed: {escape(describe_hardware(dev))}")
 
     # the held-out runs are GPU runs: what they say is for GPU rows
     with_interval = [c for c, p in results if prediction_interval(p) is not None and not is_cpu_name(c.hardware.device)]

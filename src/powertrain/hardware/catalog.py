@@ -515,13 +515,19 @@ def hardware_from_option(text: str) -> tuple[DeviceSpec, str | None]:
         use_catalog_file(path)
         return _default_catalog()[names[0]], (f"--hardware {text}: device {names[0]!r} as that file describes it "
                                               "(an emitted spec needs the file too: POWERTRAIN_HARDWARE=" f"{path})")
+    return device_by_name(text, "--hardware")
+
+
+def device_by_name(text: str, what: str = "device") -> tuple[DeviceSpec, str | None]:
+    """A catalog device by name, and the one line that says which entry an alias or a near name became (None:
+    the entry's own name). ``what`` names where the name was given (``--hardware``, ``hardware.device``)."""
     cat = _default_catalog()
     entry = cat.get(text) or cat.get(_index(cat).labels.get(_norm(text), ""))
     if entry is not None:
         exact = _norm(text) == _norm(entry.name)
-        return entry, None if exact else f"--hardware {text!r}: catalog entry {entry.name!r} ({text!r} is one of its aliases)"
+        return entry, None if exact else f"{what} {text!r}: catalog entry {entry.name!r} ({text!r} is one of its aliases)"
     name = resolve_device(text, cat)  # an UnknownDeviceError names the closest entries
-    return cat[name], (f"--hardware {text!r} is no catalog name or alias: read as entry {name!r} by what the name "
+    return cat[name], (f"{what} {text!r} is no catalog name or alias: read as entry {name!r} by what the name "
                        "states (family, memory, form factor); give that name, or a hardware file, to be exact")
 
 
