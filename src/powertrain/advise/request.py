@@ -27,6 +27,16 @@ OBJECTIVES = ("throughput", "energy", "time", "cost", "pareto")
 ENGINES = ("builtin", "megatron")
 
 
+# The share of each device's memory advise keeps free unless told otherwise (issue 32): the memory model counts
+# weights, gradients, optimizer state, activations, 3 % fragmentation and 2.5 GB of runtime
+# (predict/memory.py); what it does not count — the caching allocator's fragmentation beyond that under a
+# changing batch, NCCL's and the communicators' buffers, transient peaks of the loss and the optimizer step —
+# is what a configuration at 99 % of the memory runs out of first.
+DEFAULT_MEM_HEADROOM = 0.10
+MEM_HEADROOM_WHY = ("the allocator's fragmentation beyond the 3 % modelled, NCCL buffers and transient peaks the "
+                    "memory model does not count")
+
+
 @dataclass(frozen=True)
 class Constraints:
     """Limits every proposed configuration must keep (None: no limit)."""
@@ -37,7 +47,7 @@ class Constraints:
     nodes_per_rack: int | None = None  # None: all the job's nodes share the rack budget
     max_temp_c: float | None = None  # predicted hottest GPU ≤ this
     no_throttle: bool = False  # no slot may be predicted to throttle
-    mem_headroom: float = 0.0  # keep this share of device memory free (0.1 = 10 %)
+    mem_headroom: float = DEFAULT_MEM_HEADROOM  # keep this share of device memory free (0.1 = 10 %)
 
 
 @dataclass(frozen=True)

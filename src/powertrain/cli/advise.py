@@ -59,7 +59,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                                         "(default: all).")] = None,
     max_temp: Annotated[float | None, typer.Option("--max-temp", help="Hottest GPU may reach this (°C).")] = None,
     no_throttle: Annotated[bool, typer.Option("--no-throttle", help="Refuse layouts predicted to slow any GPU thermally (power capping, which most large GEMMs on Hopper are under, is not refused: it is the 'capped' column).")] = False,
-    mem_headroom: Annotated[float, typer.Option("--mem-headroom", help="Share of device memory to keep free.")] = 0.0,
+    mem_headroom: Annotated[float, typer.Option("--mem-headroom", help="Share of each device's memory kept free beyond the predicted need (default 0.1: fragmentation, NCCL buffers and peaks the memory model does not count; 0 uses it all).")] = 0.1,
     power_caps: Annotated[str | None, typer.Option("--power-caps", help="Power caps to search, W (default with an "
                                                                         "energy objective or a power limit: "
                                                                         "100…50 % of TDP).")] = None,
@@ -207,6 +207,11 @@ def _print_advice(adv: Advice) -> None:
     if req.hardware_note:
         out.print(f"note: {escape(req.hardware_note)}")
     out.print(f"hardware assumed: {escape(describe_hardware(req.device))}")
+    from powertrain.advise.request import DEFAULT_MEM_HEADROOM, MEM_HEADROOM_WHY
+
+    head = req.constraints.mem_headroom
+    why = f" (the default: {MEM_HEADROOM_WHY}; --mem-headroom 0 uses it all)" if head == DEFAULT_MEM_HEADROOM else ""
+    out.print(f"memory: {head:.0%} of each device's memory kept free{why}")
     out.print(f"searched {st.enumerated:,} candidates in {adv.seconds:.1f} s ({st.enumerated / adv.seconds:,.0f}/s): "
               f"{st.rejected_rules:,} broke plan's rules, {st.rejected_memory:,} did not fit in memory, "
               f"{st.same_as_uncapped:,} caps or clock locks would not bind, {st.kept:,} predicted, {len(adv.points):,} within the "
