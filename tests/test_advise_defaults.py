@@ -34,3 +34,24 @@ def test_the_answer_states_the_headroom_and_why_or_that_it_was_lowered() -> None
     assert "memory: 10% of each device's memory kept free (the default: the allocator's fragmentation" in text
     lowered = runner.invoke(app, [*args, "--mem-headroom", "0"], terminal_width=220)
     assert lowered.exit_code == 0 and "memory: 0% of each device's memory kept free" in lowered.output
+
+
+def test_rows_that_would_share_a_label_are_told_apart_by_what_differs() -> None:
+    from dataclasses import replace
+
+    from powertrain.advise.space import unique_labels
+
+    req = make_request("llama3-8b", "h100-sxm", 8, 1, 32)
+    adv = advise(req, top_n=2)
+    a = adv.top[0].point.cand
+    b = replace(a, case=replace(a.case, fsdp_reshard=not a.case.fsdp_reshard))  # a knob the label leaves out
+    la, lb = unique_labels([a, b])
+    assert la != lb and la.startswith(a.label()) and f"fsdp_reshard={b.case.fsdp_reshard}" in lb
+    assert unique_labels([a]) == [a.label()]
+
+
+def test_predicted_ties_form_one_group() -> None:
+    from powertrain.advise.space import equivalent_groups
+
+    assert equivalent_groups([100.0, 99.5, 99.2, 97.0, 96.9], 0.01) == [[0, 1, 2], [3, 4]]
+    assert equivalent_groups([100.0, 98.0], 0.01) == [[0], [1]]

@@ -68,6 +68,37 @@ class Candidate:
         return " ".join(parts)
 
 
+def unique_labels(cands: list[Candidate]) -> list[str]:
+    """Each candidate's :meth:`Candidate.label`, with the case fields that tell apart two rows that would share
+    one appended (``field=value``): no two rows of an answer read the same."""
+    from dataclasses import fields
+
+    labels = [c.label() for c in cands]
+    for label in set(labels):
+        same = [i for i, lb in enumerate(labels) if lb == label]
+        if len(same) < 2:
+            continue
+        cases = [cands[i].case for i in same]
+        differ = [f.name for f in fields(cases[0]) if f.name != "device"
+                  and len({repr(getattr(c, f.name)) for c in cases}) > 1]
+        for i, c in zip(same, cases, strict=True):
+            extra = " ".join(f"{k}={getattr(c, k)}" for k in differ) or f"#{i + 1}"
+            labels[i] = f"{label} {extra}"
+    return labels
+
+
+def equivalent_groups(speeds: list[float], resolution: float) -> list[list[int]]:
+    """Consecutive ranks (0-based, best first) whose predicted speeds are within ``resolution`` of their group's
+    first: the model cannot order them (predict.validation.PREDICTED_TIE)."""
+    groups: list[list[int]] = []
+    for i, v in enumerate(speeds):
+        if groups and speeds[groups[-1][0]] and abs(v / speeds[groups[-1][0]] - 1) < resolution:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 @dataclass
 class SpaceStats:
     """How many candidates the space held and where they were pruned (each counted once)."""

@@ -221,10 +221,19 @@ def _print_advice(adv: Advice) -> None:
     t.add_column("configuration")
     for name, _ in _COLS:
         t.add_column(name, justify="right")
-    for i, r in enumerate(adv.top, 1):
+    from powertrain.advise.space import equivalent_groups, unique_labels
+    from powertrain.predict.validation import PREDICTED_TIE
+
+    labels = unique_labels([r.point.cand for r in adv.top])
+    for i, (r, label) in enumerate(zip(adv.top, labels, strict=True), 1):
         mark = f" (anchored ×{r.point.anchor:.2f})" if r.point.anchor != 1.0 else ""
-        t.add_row(str(i), escape(r.point.cand.label() + mark), *_row(r))
+        t.add_row(str(i), escape(label + mark), *_row(r))
     out.print(t)
+    for g in equivalent_groups([r.point.tokens_per_s for r in adv.top], PREDICTED_TIE):
+        if len(g) > 1:
+            out.print(f"equivalent: #{g[0] + 1}–#{g[-1] + 1} are within {PREDICTED_TIE:.0%} of each other, the model's "
+                      "resolution (a tie it cannot order): pick by memory (GiB/GPU), the fewest knobs, or measure them "
+                      "(--emit sweep)")
     for n in adv.notes:
         out.print(f"note: {escape(n)}")
     out.print(f"interval: {escape(adv.top[0].interval[2])}")
