@@ -461,12 +461,7 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
     vp, vp_note = parse_vp(par.get("vp"), layers, pp)
     if par.get("vp") is None and pp > 1:
         vp_note = "virtual stages not published: no interleaving (V = 1) assumed"
-    recompute, out.recompute_stated, rc_note = parse_recompute(r.get("recompute"), stack.era)
-    rule = None if out.recompute_stated else reading_rules().recompute_for_era(stack.era)
-    if rule is not None:  # the era's scripts say what an unstated recomputation was
-        said = "not published" if rc_note is None else f"{r.get('recompute')!r} not understood"
-        recompute, out.recompute_rule = str(rule.value["mode"]), rule.id
-        rc_note = f"recompute {said}: {recompute} assumed ({rule.reason})"
+    recompute, rc_note = _read_recompute(r.get("recompute"), stack.era, out)
     out.assumptions += [n for n in (vp_note, rc_note, prec_note) if n]
     hidden = int(_int(m["hidden"]) or 1)
     ffn, ffn_note = _ffn_or_assumed(m, hidden, act.startswith(("swiglu", "geglu")))
@@ -514,6 +509,19 @@ def _case(r: dict[str, Any], m: dict[str, Any], hw: dict[str, Any], par: dict[st
         moe_imbalance=1.0 if _force_balanced(r, caveats) else None, attention_kernel=kernel,
         device=dev, devices_per_node=gpn,
     )
+
+
+def _read_recompute(value: Any, era: str, out: PublishedRun) -> tuple[str, str | None]:
+    """(mode, assumption) of a run's recomputation: as stated (:func:`parse_recompute`), else by its era's rule
+    (data/reading_rules.yaml unstated_recompute), recorded on ``out``; else not stated (the scorer's least that
+    fits, validation.complete_recompute)."""
+    mode, out.recompute_stated, note = parse_recompute(value, era)
+    rule = None if out.recompute_stated else reading_rules().recompute_for_era(era)
+    if rule is not None:  # the era's scripts say what an unstated recomputation was
+        said = "not published" if note is None else f"{value!r} not understood"
+        mode, out.recompute_rule = str(rule.value["mode"]), rule.id
+        note = f"recompute {said}: {mode} assumed ({rule.reason})"
+    return mode, note
 
 
 def _force_balanced(r: dict[str, Any], caveats: str) -> bool:
