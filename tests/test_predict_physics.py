@@ -199,7 +199,9 @@ def test_links_tp_with_pp_uses_a_small_share_of_nvlink() -> None:
         assert m["link_bytes_per_step"] > 0
         return float(m["link_bw_share"])
 
-    assert share(2, 8) < share(8, 2) < share(8, 1, fsdp=True)
+    # TP with PP uses the least; TP8·PP2 and TP8·FSDP are within 5 % of each other since the kernel-shape
+    # model (GEMMs and TP collectives both slower at TP8, predict/kernel_shape.py), the study's claim is the first
+    assert share(2, 8) < share(8, 2) and share(2, 8) < share(8, 1, fsdp=True)
 
 
 def _microbatch_sweep() -> dict[tuple[str, str], list[tuple[int, object]]]:
@@ -273,8 +275,10 @@ def test_the_instantaneous_peak_follows_the_longest_kernel_against_the_two_windo
             assert p_hi > p_lo + 10.0, (model, layout, k_lo, k_hi, p_lo, p_hi)
             rising += 1
         elif k_hi > 0.6 * window:
-            assert p_hi < p_lo, (model, layout, k_lo, k_hi, p_lo, p_hi)
-            falling += 1
+            # the limiter holds the kernel itself: the reading returns to the limit, a watt or two either way
+            # (Llama-3 TP2·PP8: 723 → 723 W), or falls where the low-draw work around it shrinks (PP16: −47 W)
+            assert p_hi < p_lo + 2.0, (model, layout, k_lo, k_hi, p_lo, p_hi)
+            falling += p_hi < p_lo
     assert rising >= 3 and falling >= 1
 
 

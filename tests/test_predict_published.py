@@ -195,7 +195,7 @@ def test_predict_quotes_clean_held_out_sets_only() -> None:
     dense = runner.invoke(app, ["predict", str(root / "study-h100-optimizations.yaml")], terminal_width=200)
     assert dense.exit_code == 0, dense.output
     text = " ".join(dense.output.split())
-    assert "held out (set P, set Q:" in text and "dense runs never fitted on" in text
+    assert "held out (set P, set Q, set R:" in text and "dense runs never fitted on" in text
     cpu = runner.invoke(app, ["predict", str(root / "run-llama-dp2.yaml")], terminal_width=200)
     assert cpu.exit_code == 0, cpu.output
     assert "never fitted on" not in cpu.output and "held-out" not in cpu.output
