@@ -143,6 +143,15 @@ class _Slot:
     # batched read's Python cost (benchmarks/sampler_buffer_cost.py).
     vtype: int | None = None
     member: str = ""
+    # the spec's facts the read loop needs, copied once (attribute chains per value per read add up)
+    column: str = field(init=False)
+    scale: float = field(init=False)
+    counter: bool = field(init=False)
+    per_link: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.column, self.scale = self.spec.column, self.spec.scale
+        self.counter, self.per_link = self.spec.counter, self.spec.per_link
 
 
 @dataclass
@@ -692,28 +701,27 @@ class NvidiaBackend(Backend):
         sums: dict[str, float | None] = {}
         ok, lost = 0, False
         for slot, value in zip(gpu.slots, values, strict=True):
-            spec = slot.spec
-            col = spec.column
-            code = int(value.nvmlReturn)
+            col = slot.column
+            code = value.nvmlReturn  # ctypes c_uint fields read as int
             raw = None
             if code == success:
-                vtype = int(value.valueType)
+                vtype = value.valueType
                 if vtype != slot.vtype:
-                    slot.vtype, slot.member = vtype, _VALUE_MEMBER.get(vtype, ("ullVal", None))[0]
+                    slot.vtype, slot.member = vtype, _VALUE_MEMBER.get(int(vtype), ("ullVal", None))[0]
                 raw = getattr(value.value, slot.member, None)
             if raw is None:
                 lost |= code == _GPU_IS_LOST
-                errors[col] = f"NVML return code {code}"
+                errors[col] = f"NVML return code {int(code)}"
                 sums[col] = None  # a partial link sum would be a wrong total: the column is unknown
                 continue
             ok += 1
-            if spec.counter:
+            if slot.counter:
                 if slot.unwrap is None:
                     slot.unwrap = Unwrapper(_VALUE_MEMBER.get(int(value.valueType), ("", None))[1])
                 raw = slot.unwrap(raw)
                 assert raw is not None  # a value in, a value out: only None un-wraps to None
-            scaled = float(raw) * spec.scale
-            if not spec.per_link or col not in sums:
+            scaled = raw * slot.scale
+            if not slot.per_link or col not in sums:
                 sums[col] = scaled
             elif (total := sums[col]) is not None:
                 sums[col] = total + scaled

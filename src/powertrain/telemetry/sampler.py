@@ -18,7 +18,9 @@ as 24 × the energy). Each sample whose wall clock reads earlier than the previo
 system clock ended from the sampler's (NTP slews both clocks alike, so only steps show there).
 
 Where a backend's driver keeps its own buffer of power samples (NVIDIA: ``nvmlDeviceGetSamples``), the
-sampler reads it once per tick (:meth:`Backend.power_samples`) and streams those samples to a second
+sampler reads it every :data:`BUFFER_READ_S` at most, and at the last sample (:meth:`Backend.power_samples`:
+each driver sample once, whenever it is read; a ring the reads fall behind is counted as samples lost), and
+streams those samples to a second
 file per host, ``<run>/telemetry/power-samples/<host>.parquet`` (:class:`PowerSamplesFile`,
 ``POWER_SAMPLES_SCHEMA``), their stamps moved onto the sampler's clock as the rows' are. ``power_buffer=
 False`` turns that path off (recorded per device in ``properties["power_buffer"]``). ``meta.json``
@@ -57,6 +59,10 @@ log = logging.getLogger(__name__)
 
 WRITE_FAILED = "telemetry write failed"  # how a stop_reason begins when a sink could not write
 STEP_TOLERANCE_NS = 1_000_000  # system and sampler clocks this close: no step, rows keep their stamps
+# How often the drivers' own power-sample buffers are read: every 0.1 s they still hold every sample since the
+# last read (the stand-in's ring, after NVML's: 120 samples, 1.2 s at a 10 ms spacing; an overrun is counted and
+# logged), and a read on every 20 Hz tick cost about as much again (benchmarks/sampler_buffer_cost.py).
+BUFFER_READ_S = 0.1
 
 
 class SampleSink(Protocol):
@@ -167,6 +173,7 @@ class Sampler:
         used = [getattr(b, "set_power_buffer", lambda _on: False)(power_buffer) for b in backends]
         self.power_file = PowerSamplesFile(self.rundir.path, self.host, flush_s) if any(used) else None
         self.power_rows = 0
+        self._buffer_due_ns = 0  # the sampler's clock at which the drivers' buffers are next read
         self._fresh: dict[str, list[int]] = {}  # device → [fresh, repeat, unknown] power_w readings
 
     def stop(self, reason: str = "stopped") -> None:
@@ -245,7 +252,7 @@ class Sampler:
         self.wall_offset_ns = wall - own
         return wall, own
 
-    def _sample_once(self) -> None:
+    def _sample_once(self, last: bool = False) -> None:
         rows: list[dict[str, Any]] = []
         wall, own = self._sampler_now()
         for backend in self.backends:
@@ -254,7 +261,10 @@ class Sampler:
             except Exception as exc:  # a backend bug must not end the measurement of the others
                 backend.incident("*", f"{backend.name} sample failed: {exc!r}")
                 log.warning("%s backend failed to sample: %r", backend.name, exc)
-        power = self._power_samples() if self.power_file is not None else []
+        power: list[dict[str, Any]] = []
+        if self.power_file is not None and (last or own >= self._buffer_due_ns):
+            power = self._power_samples()
+            self._buffer_due_ns = own + round(BUFFER_READ_S * 1e9)
         # the backends stamp on the system clock: move each row onto the sampler's own. Under 1 ms the two
         # differ only by the time between reading them (no step happened): the rows keep their stamps,
         # which are then the ranks' clock exactly (a sample period is far longer, so nothing reorders)
@@ -319,7 +329,7 @@ class Sampler:
                 else:
                     self._stop.wait(delay)
             if self.write_error is None:
-                self._sample_once()  # the state at the moment of stopping, so the window ends measured
+                self._sample_once(last=True)  # the state at the moment of stopping, so the window ends measured
         finally:
             self._close_sinks()
             for b in self.backends:
