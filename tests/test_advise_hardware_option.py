@@ -95,3 +95,13 @@ def test_predict_prints_the_hardware_each_spec_assumed_and_a_near_name(tmp_path:
     text = " ".join(res.output.split())
     assert "note: hardware.device 'H100': catalog entry 'h100-sxm' ('H100' is one of its aliases)" in text
     assert "hardware assumed: h100-sxm: 80 GB, 700 W; 8 per node" in text
+
+
+def test_gpus_alone_means_as_many_nodes_as_the_count_needs() -> None:
+    req = make_request("llama3-8b", "h200", 32, None, 64)
+    assert (req.nodes, req.devices_per_node) == (4, 8)
+    assert req.hardware_note and "--nodes not given: 4 nodes of 8" in req.hardware_note
+    assert make_request("llama3-8b", "h200", 8, None, 64).nodes == 1
+    assert make_request("llama3-tiny", "cpu", 4, None, 8).nodes == 1  # a CPU's ranks share the host
+    with pytest.raises(ValueError, match="not a whole number of h200 nodes of 8; give --nodes"):
+        make_request("llama3-8b", "h200", 36, None, 72)

@@ -146,7 +146,7 @@ def _caps(dev: DeviceSpec, caps: list[float] | None, site_cap: float | None,
     return tuple(dict.fromkeys(values))
 
 
-def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: int, *, seq_len: int | None = None,
+def make_request(model: str, device: str, gpus: int, nodes: int | None, global_batch: int, *, seq_len: int | None = None,
                  precision: str | None = None, engine: str | None = None,
                  constraints: Constraints = Constraints(), objective: Objective = Objective(),
                  power_caps: list[float] | None = None, clock_locks: list[float] | None = None,
@@ -162,6 +162,14 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
         raise ValueError("--hardware: " + text.replace("pass it with --hardware", "give --hardware its path")) from None
     if not is_cpu_name(device):
         device = dev.name  # the entry it resolved to is what every spec and case names from here on
+    nodes_note = None
+    if nodes is None:  # as many of the device's nodes as the count needs (issue 32: --gpus 32 alone)
+        per = gpus if is_cpu_name(device) else dev.node.devices_per_node  # a CPU's ranks share this one host
+        if gpus > per and gpus % per:
+            raise ValueError(f"--gpus {gpus}: not a whole number of {dev.name} nodes of {per}; give --nodes")
+        nodes = 1 if gpus <= per else gpus // per
+        if nodes > 1:
+            nodes_note = f"--nodes not given: {nodes} nodes of {gpus // nodes} (a {dev.name} node holds {per})"
     if nodes < 1 or gpus < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} over --nodes {nodes}: the GPU count must be a positive multiple of the "
                          "node count")
@@ -216,7 +224,8 @@ def make_request(model: str, device: str, gpus: int, nodes: int, global_batch: i
                    global_batch=global_batch, precision=prec, engine=eng, constraints=constraints,
                    objective=objective, power_caps=_caps(dev, power_caps, constraints.power_cap_w,
                                                         _power_matters(constraints, objective)),
-                   clock_locks=locks, max_vp=max_vp, hardware_note=hardware_note)
+                   clock_locks=locks, max_vp=max_vp,
+                   hardware_note="; ".join(n for n in (hardware_note, nodes_note) if n) or None)
 
 
 def _check_objective_inputs(o: Objective) -> None:

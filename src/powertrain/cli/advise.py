@@ -39,7 +39,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
     hardware: Annotated[str, typer.Option("--hardware", help="A catalog device name (a near name says which entry it became), cpu, or the path of a hardware YAML describing one device (your GPU and network: see docs/model.md §2).")],
     gpus: Annotated[int, typer.Option("--gpus", "-g", min=1, help="Devices (ranks) in all.")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", min=1, help="Samples per optimizer step.")],
-    nodes: Annotated[int, typer.Option("--nodes", "-n", min=1, help="Nodes the devices are spread over.")] = 1,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", min=1, help="Nodes the devices are spread over (default: as many of the device's nodes as --gpus needs).")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Sequence length (default: the "
                                                                          "model's).")] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="fp32, bf16, fp16, fp8, fp4 (default bf16; "
