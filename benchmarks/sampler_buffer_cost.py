@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from powertrain.store import tables
 from powertrain.telemetry.nvidia import NvidiaBackend
-from powertrain.telemetry.sampler import Sampler
+from powertrain.telemetry.sampler import BUFFER_READ_S, Sampler
 from standins.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerSensor, training_swing
 
 RATE_HZ = 20.0
@@ -64,7 +64,8 @@ def _block(sampler: Sampler, clock: FakeClock, n: int) -> float:
 
 def _standin_block(sampler: Sampler, clock: FakeClock, n: int) -> float:
     """CPU seconds per tick of the stand-in's own side of the same NVML calls (what the real library
-    would do in C): the batched field read, each plain read, and the buffer read where used."""
+    would do in C): the batched field read, each plain read, and the buffer read where used, on the
+    sampler's schedule for it."""
     backend = sampler.backends[0]
     assert isinstance(backend, NvidiaBackend)
     nvml, gpus = backend._nvml, backend._gpus
@@ -72,14 +73,18 @@ def _standin_block(sampler: Sampler, clock: FakeClock, n: int) -> float:
     seen = {g.index: clock.time_ns() // 1000 for g in gpus}
     use_buffer = sampler.power_file is not None
     assert all(g.buffer is not None and g.buffer.period_us for g in gpus)
+    due = 0  # the buffer read on the sampler's own schedule (telemetry.sampler.BUFFER_READ_S)
     c0 = time.process_time()
     for _ in range(n):
+        read_now = use_buffer and clock.mono >= due
+        if read_now:
+            due = clock.mono + round(BUFFER_READ_S * 1e9)
         for g in gpus:
             nvml.nvmlDeviceGetFieldValues(g.handle, ids[g.index])
             for r in g.readers:
                 assert r.fn is not None
                 r.fn(g.handle)
-            if use_buffer and clock.time_ns() // 1000 - seen[g.index] >= g.buffer.period_us:  # as the backend skips
+            if read_now and clock.time_ns() // 1000 - seen[g.index] >= g.buffer.period_us:  # as the backend skips
                 try:
                     _, got = nvml.nvmlDeviceGetSamples(g.handle, nvml.NVML_TOTAL_POWER_SAMPLES, seen[g.index])
                 except nvml.NVMLError:

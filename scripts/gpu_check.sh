@@ -33,6 +33,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TAG=gpu_check
+# shellcheck source=scripts/gpu_common.sh
+. scripts/gpu_common.sh
+
 out=""
 install_torch=0
 rehearse=0
@@ -45,7 +49,7 @@ while [ $# -gt 0 ]; do
     --no-train) train=0 ;;
     --no-controls) controls=0 ;;
     --rehearse) rehearse=1 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    -h|--help) gpu_help "$0"; exit 0 ;;
     --) shift; extra+=("$@"); break ;;
     -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -56,15 +60,6 @@ while [ $# -gt 0 ]; do
 done
 out=${out:-results/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 
-TAG=gpu_check
-# shellcheck source=scripts/gpu_common.sh
-. scripts/gpu_common.sh
-stand_in() {  # $1: the stand-in GPU's power waveform and what follows it (FakeGpu keyword arguments)
-  "$py" -c 'import json, sys; from pathlib import Path; from standins.fake_nvml import FakeGpu
-from standins.nvml_state import write_state
-write_state(Path(sys.argv[1]), [FakeGpu(**json.loads(sys.argv[2]))])' "$FAKE_NVML_STATE" "$1"
-}
-
 burn_args=()
 train_spec=examples/run-llama-1gpu.yaml
 if [ "$rehearse" = 1 ]; then
@@ -74,7 +69,7 @@ if [ "$rehearse" = 1 ]; then
   FAKE_NVML_STATE="$(cd "$out" && pwd)/stand-in-gpus.json"
   export FAKE_NVML_STATE
   # idle 80 W; the burn's CPU load drives it towards 650 W; +0.05 °C per W over 2 s; 345 MHz when idle
-  stand_in '{"power_mw": 80000, "temp_c_per_w": 0.05, "clock_sm_idle_mhz": 345,
+  gpu_stand_in '{"power_mw": 80000, "temp_c_per_w": 0.05, "clock_sm_idle_mhz": 345,
              "sensor_spec": {"waveform": "cpu_load", "args": {"idle_w": 80, "busy_w": 650}}}' \
     || { echo "gpu_check: cannot run here: $py cannot write the NVML stand-in's state" >&2; exit 2; }
   project_ok "$py" || { echo "gpu_check: cannot run here: $py cannot import numpy, pyarrow, pynvml and powertrain (scripts/setup.sh)" >&2; exit 2; }
@@ -114,7 +109,7 @@ if [ "$train" = 1 ]; then
   pt() { PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m powertrain.cli "$@"; }
   if [ "$rehearse" = 1 ]; then
     # a training step's power (the H200 run's 1.1 Hz swing) behind the 25-ms-of-100-ms sensor
-    stand_in '{"sensor_spec": {"waveform": "training_swing"}}' \
+    gpu_stand_in '{"sensor_spec": {"waveform": "training_swing"}}' \
       || { echo "gpu_check: cannot write the NVML stand-in's state for the training step" >&2; exit 2; }
   fi
   echo "gpu_check: training $train_spec under the sampler → $out/train"

@@ -66,3 +66,17 @@ gpu_project_python() {
   esac
   project_ok "$py" || { echo "$TAG: $py still cannot import numpy, pyarrow, pynvml and powertrain" >&2; exit 2; }
 }
+
+# --help: the calling script's header comment (line 2 up to the first line that is not a comment).
+gpu_help() {
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$1"
+}
+
+# --rehearse: write one stand-in GPU to $FAKE_NVML_STATE for tests/standins' pynvml; $1: its FakeGpu keyword
+# arguments as JSON (a power waveform behind the 25-ms-of-100-ms sensor, and what follows it). Needs $py and
+# tests/ on PYTHONPATH.
+gpu_stand_in() {
+  "$py" -c 'import json, sys; from pathlib import Path; from standins.fake_nvml import FakeGpu
+from standins.nvml_state import write_state
+write_state(Path(sys.argv[1]), [FakeGpu(**json.loads(sys.argv[2]))])' "$FAKE_NVML_STATE" "$1"
+}

@@ -37,6 +37,10 @@ steps=""
 mbs=""
 rehearse=0
 case "${POWERTRAIN_GPU_STUDY_REHEARSE:-0}" in 0|"") ;; *) rehearse=1 ;; esac
+TAG=gpu_study
+# shellcheck source=scripts/gpu_common.sh
+. scripts/gpu_common.sh
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --install-torch) install_torch=1 ;;
@@ -45,7 +49,7 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || { echo "gpu_study: $1 needs a value (see --help)" >&2; exit 2; }
       if [ "$1" = --steps ]; then steps=$2; else mbs=$2; fi
       shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) gpu_help "$0"; exit 0 ;;
     -*) echo "gpu_study: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
       if [ -n "$out" ]; then echo "gpu_study: one OUT_DIR only" >&2; exit 2; fi
@@ -65,9 +69,6 @@ for d in specs predicted runs; do
   [ ! -e "$out/$d" ] || { echo "gpu_study: $out already holds a study ($out/$d): give a new OUT_DIR" >&2; exit 2; }
 done
 
-TAG=gpu_study
-# shellcheck source=scripts/gpu_common.sh
-. scripts/gpu_common.sh
 
 if [ "$rehearse" = 1 ]; then
   # The stand-in pynvml (not NVIDIA's library) for this script's every process: one stand-in node.
@@ -79,10 +80,7 @@ if [ "$rehearse" = 1 ]; then
     export FAKE_NVML_STATE
     # one stand-in GPU; where the stand-in has one, a known power waveform behind a sensor that
     # averages 25 ms of every 100 ms, with the driver's sample buffer (tests/standins/fake_nvml.py)
-    "$py" -c 'import sys; from pathlib import Path; from standins.fake_nvml import FakeGpu
-from standins.nvml_state import write_state
-sensor = {"sensor_spec": {"waveform": "training_swing"}} if "sensor_spec" in FakeGpu.__dataclass_fields__ else {}
-write_state(Path(sys.argv[1]), [FakeGpu(**sensor)])' "$FAKE_NVML_STATE" \
+    gpu_stand_in '{"sensor_spec": {"waveform": "training_swing"}}' \
       || { echo "gpu_study: cannot run here: $py cannot write the NVML stand-in's state" >&2; exit 2; }
   fi
   project_ok "$py" || { echo "gpu_study: cannot run here: $py cannot import numpy, pyarrow, pynvml and powertrain (scripts/setup.sh)" >&2; exit 2; }

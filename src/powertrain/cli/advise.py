@@ -59,7 +59,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
                                                                                         "(default: all).")] = None,
     max_temp: Annotated[float | None, typer.Option("--max-temp", help="Hottest GPU may reach this (°C).")] = None,
     no_throttle: Annotated[bool, typer.Option("--no-throttle", help="Refuse layouts predicted to slow any GPU thermally (power capping, which most large GEMMs on Hopper are under, is not refused: it is the 'capped' column).")] = False,
-    mem_headroom: Annotated[float, typer.Option("--mem-headroom", help="Share of each device's memory kept free beyond the predicted need (default 0.1: fragmentation, NCCL buffers and peaks the memory model does not count; 0 uses it all).")] = 0.1,
+    mem_headroom: Annotated[float | None, typer.Option("--mem-headroom", help="Share of each device's memory kept free beyond the predicted need (default 0.1: fragmentation, NCCL buffers and peaks the memory model does not count; 0 uses it all).")] = None,
     power_caps: Annotated[str | None, typer.Option("--power-caps", help="Power caps to search, W (default with an "
                                                                         "energy objective or a power limit: "
                                                                         "100…50 % of TDP).")] = None,
@@ -109,7 +109,7 @@ def advise_cmd(  # long function: one typed option per input, constraint and out
             model, hardware, gpus, nodes, global_batch, seq_len=seq_len, precision=precision, engine=engine,
             constraints=Constraints(power_cap_w=power_cap, node_kw=node_kw, rack_kw=rack_kw,
                                     nodes_per_rack=nodes_per_rack, max_temp_c=max_temp, no_throttle=no_throttle,
-                                    mem_headroom=mem_headroom),
+                                    **({} if mem_headroom is None else {"mem_headroom": mem_headroom})),
             objective=Objective(objective, tokens, gpu_hour_price, kwh_price),
             power_caps=_floats(power_caps, "--power-caps"), clock_locks=_floats(clock_locks, "--clock-locks"),
             max_vp=max_vp, max_sm_clock_mhz=max_sm_clock_mhz)

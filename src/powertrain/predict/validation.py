@@ -7,6 +7,7 @@ throughput error per architecture and how often pairs of configurations are orde
 * :func:`complete_recompute` fills a recomputation that neither the run nor a reading rule states with the least
   that fits the device — the one preparation step the reader cannot do alone (it needs the profile's memory
   coefficients). The benchmark, the CLI and the tests prepare runs through it, never differently.
+* :func:`not_fitting`: published runs the memory model says do not fit (each a false verdict: they ran).
 * :func:`comparable_pairs` / :func:`order_pairs`: pairs of runs from one source document and one software
   release, same model, hardware, device count, global batch, sequence and precision, that differ in layout,
   micro-batch or recomputation — what a user asks ``predict`` to choose between. A predicted tie (within
@@ -16,8 +17,7 @@ throughput error per architecture and how often pairs of configurations are orde
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -81,11 +81,6 @@ def record_of(path: str | Path) -> SetRecord:
     return entry
 
 
-def is_clean(path: str | Path) -> bool:
-    entry = ledger().get(Path(path).name)
-    return entry is not None and entry.status == "clean"
-
-
 def complete_recompute(runs: Iterable[PublishedRun], coefficients: Coefficients
                        ) -> tuple[list[PublishedRun], list[PublishedRun]]:
     """(usable, skipped) of published ``runs``: a recomputation neither stated nor filled by a reading rule
@@ -124,33 +119,6 @@ def not_fitting(runs: Iterable[PublishedRun], coefficients: Coefficients) -> lis
         total, _ = memory_per_device(r.case, coefficients)
         if total > r.case.device.memory_bytes:
             out.append(NotFitting(r.id, total / r.case.device.memory_bytes, tuple(r.assumptions)))
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class ArchScore:
-    runs: int
-    mape: float
-    bias: float
-    interval_share: float | None  # share inside the stated 80 % interval; None where none is stated
-
-
-def score(runs: Sequence[PublishedRun], predicted: Sequence[float], interval_log: dict[str, Any]
-          ) -> dict[str, ArchScore]:
-    """Throughput error per architecture of ``predicted`` tokens/s per GPU against the runs' measured figures."""
-    by: dict[str, list[tuple[float, bool | None]]] = {}
-    for r, p in zip(runs, predicted, strict=True):
-        assert r.tokens_per_s_per_gpu
-        e = p / r.tokens_per_s_per_gpu - 1
-        half = interval_log.get(r.arch)
-        inside = None if half is None else abs(math.log1p(e)) <= float(half)
-        by.setdefault(r.arch, []).append((e, inside))
-    out = {}
-    for arch, v in by.items():
-        errs = [e for e, _ in v]
-        ins = [i for _, i in v if i is not None]
-        out[arch] = ArchScore(len(v), sum(abs(e) for e in errs) / len(v), sum(errs) / len(v),
-                              sum(ins) / len(ins) if ins else None)
     return out
 
 
